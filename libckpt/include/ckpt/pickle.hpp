@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+// A lossless tree of Python pickle values, the restricted unpickler that builds it and the pickler
+// that writes it back (spec/FORMATS.md §1, §6.4).
+//
+// Grammar of what we read (opcode byte, operands little-endian unless noted):
+//   pickle   := [PROTO u1] op* STOP          (exactly one STOP, at the end)
+//   op       := FRAME u8 | MARK | container ops | scalar ops | GLOBAL "mod\n" "name\n"
+//             | STACK_GLOBAL | REDUCE | NEWOBJ | NEWOBJ_EX | BUILD | BINPERSID
+//             | BINPUT u1 | LONG_BINPUT u4 | MEMOIZE | BINGET u1 | LONG_BINGET u4
+//   scalars  := NONE NEWTRUE NEWFALSE BININT1 u1 BININT2 u2 BININT i4 LONG1 u1+n LONG4 u4+n
+//               BINFLOAT f8 (big-endian) BINUNICODE u4+n SHORT_BINUNICODE u1+n BINUNICODE8 u8+n
+//               SHORT_BINSTRING u1+n SHORT_BINBYTES u1+n BINBYTES u4+n BINBYTES8 u8+n
+//   containers := EMPTY_TUPLE TUPLE1 TUPLE2 TUPLE3 TUPLE EMPTY_LIST APPEND APPENDS EMPTY_DICT
+//               SETITEM SETITEMS EMPTY_SET ADDITEMS FROZENSET
+// Every other opcode (INST, OBJ, PERSID, STRING, BINSTRING, EXT*, POP, DUP, buffers, protocol-0
+// text opcodes) is refused.
+//
+// Limits we enforce: lengths never exceed the bytes that remain; nesting at most kMaxDepth;
+// a GET of an unset memo index, a MARK or stack underflow, bytes after STOP, a missing STOP are
+// errors. NOTE [The unpickler never calls anything]: GLOBAL only names a class or function; REDUCE,
+// NEWOBJ and BUILD record the call in the tree. Meaning is given afterwards by the one allow-list
+// (classify()), so a hostile pickle can be shown, refused or copied, never executed.
+//
+// Object identity: memo references (BINGET) yield the same shared node, so shared objects stay
+// shared and write() re-emits them as GET, as CPython does. Containers cannot be changed once they
+// are inside another value, which rules out cycles (we refuse recursive structures).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace ckpt::pickle {
+
+constexpr int kMaxDepth = 1000;
+
+struct Value;
+using ValuePtr = std::shared_ptr<Value>;
+
+/// What the one allow-list says a global means (see allowlist.cpp). kOpaque: not understood; it is
+/// kept, shown and written back unchanged, and refused where a value must be understood.
+enum class GlobalKind : std::uint8_t {
+  kOpaque,
+  // builtins and the standard library
+  kOrderedDict, kCounter, kCodecsEncode, kBuiltinSet, kBuiltinFrozenset, kBuiltinBytes, kBuiltinBytearray,
+  kBuiltinComplex, kBuiltinGetattr, kPath,
+  // torch
+  kTorchSize, kTorchDevice, kGetLayout, kDType, kStorageClass, kUntypedStorage, kTypedStorage, kQScheme,
+  kTensorClass, kParameterClass, kLegacyTensorClass,
+  kRebuildTensor, kRebuildTensorV2, kRebuildTensorV3, kRebuildParameter, kRebuildParameterWithState,
+  kRebuildQTensor, kRebuildFromTypeV2, kRebuildOther,
+  // torch.distributed.checkpoint (every module path of spec/FORMATS.md §3.3.4)
+  kDcpMetadata, kDcpTensorStorageMetadata, kDcpChunkStorageMetadata, kDcpBytesStorageMetadata,
+  kDcpTensorProperties, kDcpMemoryFormat, kDcpStorageMeta, kDcpMetadataIndex, kDcpStorageInfo,
+};
+
+std::string_view to_string(GlobalKind kind) noexcept;
+
+/// The allow-list: what `module.name` means. `module` is canonical (`builtins`, not `__builtin__`).
+GlobalKind classify(std::string_view module, std::string_view name) noexcept;
+
+/// An int of any size: `value` when it fits int64 (then `big` is empty), else `big` holds the
+/// minimal two's-complement little-endian bytes (as LONG1/LONG4 carry them).
+struct Int {
+  std::int64_t value = 0;
+  std::vector<std::uint8_t> big;
+  bool fits_int64() const noexcept { return big.empty(); }
+  friend bool operator==(const Int&, const Int&) = default;
+};
+
+struct None {};
+struct Str { std::string text; };      ///< UTF-8
+struct Bytes { std::string data; };
+struct List { std::vector<ValuePtr> items; };
+struct Tuple { std::vector<ValuePtr> items; };
+struct Set { std::vector<ValuePtr> items; };
+struct FrozenSet { std::vector<ValuePtr> items; };
+struct Dict { std::vector<std::pair<ValuePtr, ValuePtr>> items; };  ///< insertion order kept
+
+/// A reference to `module.name`, never resolved.
+struct Global {
+  std::string module;      ///< canonical: `builtins`/`copyreg` for Python 2's `__builtin__`/`copy_reg`
+  std::string name;
+  GlobalKind kind = GlobalKind::kOpaque;
+  ValuePtr module_str;     ///< the str nodes STACK_GLOBAL took them from (protocol 4), for identity
+  ValuePtr name_str;
+};
+
+/// How an Object was made.
+enum class BuildOp : std::uint8_t { kReduce, kNewObj, kNewObjEx };
+
+/// `callable(*args)` (REDUCE), `cls.__new__(cls, *args, **kwargs)` (NEWOBJ, NEWOBJ_EX), then the
+/// items APPEND/SETITEM added to it and the state BUILD gave it, all recorded, nothing run.
+struct Object {
+  ValuePtr callable;  ///< usually a Global
+  BuildOp op = BuildOp::kReduce;
+  ValuePtr args;      ///< a Tuple
+  ValuePtr kwargs;    ///< NEWOBJ_EX only
+  ValuePtr state;     ///< from BUILD, or null
+  std::vector<ValuePtr> list_items;
+  std::vector<std::pair<ValuePtr, ValuePtr>> dict_items;
+};
+
+/// The result of BINPERSID: `pid` is what the pickle carried (for torch.save a 5-tuple).
+struct PersistentId { ValuePtr pid; };
+
+using Payload = std::variant<None, bool, Int, double, Str, Bytes, List, Tuple, Dict, Set, FrozenSet,
+                             std::unique_ptr<Global>, std::unique_ptr<Object>, PersistentId>;
+
+/// One node. Build nodes with the make_* functions; read them with the typed accessors.
+struct Value {
+  Payload payload;
+  std::uint64_t offset = 0;  ///< where the opcode that made this node sits in the parsed source
+  std::uint16_t depth = 0;   ///< nesting below this node (0 for scalars)
+  bool sealed = false;      ///< inside another value: no longer changed by the unpickler
+
+  template <typename T>
+  bool is() const noexcept { return std::holds_alternative<T>(payload); }
+  template <typename T>
+  const T* get_if() const noexcept { return std::get_if<T>(&payload); }
+  template <typename T>
+  T* get_if() noexcept { return std::get_if<T>(&payload); }
+
+  const Global* global() const noexcept;
+  const Object* object() const noexcept;
+  /// The str text, or nullptr.
+  const std::string* str() const noexcept;
+  /// The int value when it is an int that fits int64.
+  std::optional<std::int64_t> int64() const noexcept;
+  /// Tuple or List items, or nullptr.
+  const std::vector<ValuePtr>* sequence() const noexcept;
+  /// Key/value pairs of a dict, or of an `OrderedDict()`/`Counter()` object (REDUCE with no args
+  /// then SETITEMS); nullptr otherwise.
+  const std::vector<std::pair<ValuePtr, ValuePtr>>* dict_items() const noexcept;
+  /// For an Object: the kind of its callable when that is a Global; kOpaque otherwise.
+  GlobalKind callable_kind() const noexcept;
+  /// A short type description for messages: "str", "tuple", "object torch._utils._rebuild_tensor_v2".
+  std::string type_name() const;
+};
+
+ValuePtr make_none();
+ValuePtr make_bool(bool v);
+ValuePtr make_int(std::int64_t v);
+ValuePtr make_float(double v);
+ValuePtr make_str(std::string text);
+ValuePtr make_bytes(std::string data);
+ValuePtr make_list(std::vector<ValuePtr> items = {});
+ValuePtr make_tuple(std::vector<ValuePtr> items = {});
+ValuePtr make_dict(std::vector<std::pair<ValuePtr, ValuePtr>> items = {});
+/// A global, classified by the allow-list. `module` may be given in its Python 2 spelling.
+ValuePtr make_global(std::string module, std::string name);
+ValuePtr make_object(ValuePtr callable, BuildOp op, ValuePtr args, ValuePtr state = nullptr);
+ValuePtr make_persistent_id(ValuePtr pid);
+/// `collections.OrderedDict()` with `items` (REDUCE, then SETITEMS).
+ValuePtr make_ordered_dict(std::vector<std::pair<ValuePtr, ValuePtr>> items = {});
+
+/// What the unpickler does with a global the allow-list does not know.
+enum class UnknownGlobals { kKeepOpaque, kRefuse };
+/// Whether BINPERSID is allowed (torch.save's data.pkl) or refused (DCP's .metadata).
+enum class PersistentIds { kAllow, kRefuse };
+
+struct ParseOptions {
+  UnknownGlobals unknown_globals = UnknownGlobals::kKeepOpaque;
+  PersistentIds persistent_ids = PersistentIds::kAllow;
+};
+
+/// Parses one pickle. `source` and `base` name the bytes in errors: offsets are `base` plus the
+/// position in `bytes`. Throws ckpt::Error kFormat (malformed), kUnsupported (an opcode we refuse),
+/// or kFormat naming the global when UnknownGlobals::kRefuse meets one. Never runs anything.
+ValuePtr parse(std::span<const std::byte> bytes, const std::string& source, std::uint64_t base = 0,
+               const ParseOptions& options = {});
+
+/// Writes `root` as a pickle of `protocol` (2, 3, 4 or 5) the way CPython's pickler does:
+/// memoizing every object it memoizes (BINPUT below protocol 4, MEMOIZE and 64 KiB FRAMEs from 4),
+/// GET for a node written before, Python 2 module names under protocol 2. `on_persistent_id` is
+/// called for each PersistentId in the order written. Throws kInvalidArgument for a tree the
+/// protocol cannot express (NEWOBJ_EX under protocol 2).
+std::vector<std::byte> write(const Value& root, int protocol,
+                             const std::function<void(const PersistentId&)>& on_persistent_id = {});
+
+/// A readable one-line rendering for --meta and messages, Python repr-like: {'a': 1, 'b': [2.5]},
+/// objects as `module.name(args)` with `{state}`; at most `max_chars` characters.
+std::string repr(const Value& value, std::size_t max_chars = 4096);
+
+}  // namespace ckpt::pickle

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// safetensors files (spec/FORMATS.md §4; huggingface/safetensors README and safetensors/src/tensor.rs).
+//
+//   offset 0      u64 little-endian N: header length in bytes
+//   offset 8      N bytes of UTF-8 JSON, an object:
+//                   {"__metadata__": {"<key>": "<str>", ...},            (optional, strings only)
+//                    "<tensor>": {"dtype": "F32", "shape": [d0, ...], "data_offsets": [begin, end]}, ...}
+//                 padded with spaces to a multiple of 8 by the reference writer
+//   offset 8+N    the byte buffer; data_offsets count from here, end exclusive; C order, little-endian
+//
+// Limits we enforce, as the reference reader does (§4.4): file ≥ 8 bytes; N ≤ 100,000,000 and
+// 8 + N ≤ file size; the header is valid UTF-8, starts with '{' and is one JSON object nested at
+// most 64 deep; names are unique; dtype strings are known (others are refused, never guessed);
+// shape entries and offsets are non-negative integers; sorted by offset the tensors tile the
+// buffer from 0 with no hole or overlap, end − begin = numel × element size (overflow-checked),
+// and the last end is the buffer's size (no trailing bytes).
+// Errors name the file and the absolute byte offset of the faulty header byte or range.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/dtype.hpp"
+#include "ckpt/io.hpp"
+
+namespace ckpt {
+
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t begin = 0;  ///< absolute offset of the first byte in the file
+  std::uint64_t end = 0;    ///< absolute offset one past the last byte
+  SourcePtr data;           ///< the bytes [begin, end) as a window, no copy
+};
+
+struct SafetensorsFile {
+  std::uint64_t header_size = 0;  ///< N
+  std::vector<std::pair<std::string, std::string>> metadata;  ///< `__metadata__`, in file order
+  std::vector<SafetensorsTensor> tensors;                      ///< in header order
+};
+
+/// Reads and validates the header; reads no tensor bytes. Throws ckpt::Error kFormat (malformed),
+/// kUnsupported (a dtype string we know of but cannot represent).
+SafetensorsFile read_safetensors(SourcePtr source);
+
+/// Whether `source` looks like safetensors: a plausible N followed by '{'.
+bool looks_like_safetensors(const ByteSource& source);
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  std::vector<std::uint64_t> shape;
+  SourcePtr data;  ///< exactly numel × element size bytes, C order
+};
+
+/// Writes a safetensors file as the reference writer does: tensors sorted by dtype alignment
+/// (descending) then name, compact JSON with `__metadata__` first, the header padded with spaces
+/// to a multiple of 8. Throws kInvalidArgument for a dtype safetensors has no string for, a data
+/// size that does not match the shape, or a duplicate name. The sink is not committed.
+void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
+                       const std::vector<std::pair<std::string, std::string>>& metadata = {});
+
+}  // namespace ckpt

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// torch.save files: a zip archive (spec/FORMATS.md §2) of stored records under one folder,
+//   <archive>/data.pkl              protocol-2 pickle of the saved object; each storage is a
+//                                   persistent id ('storage', <storage class>, <key>, <location>, <numel>)
+//   <archive>/data/<key>            the storage's raw bytes, numel × element size, little-endian
+//   <archive>/version               "3\n"   (required)
+//   <archive>/byteorder             "little" | "big"   (optional, torch ≥ 2.1)
+//   <archive>/.format_version, .storage_alignment, .data/serialization_id   (optional, ignored)
+// Tensors are `torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride,
+// requires_grad, backward_hooks[, metadata])` (v3 adds a dtype for storages without a legacy
+// class), Parameters `_rebuild_parameter(tensor, requires_grad, hooks)` (§2.7).
+// Checks on read (§2.10, §6.1): one folder for all records; `version` present, an integer in
+// [1, 10]; `byteorder` little (big is refused as unsupported); every storage record exists and
+// holds exactly numel × element size bytes; one dtype per storage; every view inside its storage:
+// storage_offset + Σ (size_i − 1)·stride_i < numel, sizes and strides ≥ 0. Legacy (pre-1.6,
+// non-zip) files are refused with kUnsupported naming the legacy format.
+// What we write loads with torch.load(weights_only=True): protocol 2, GLOBAL only, the §2.9 globals.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/dtype.hpp"
+#include "ckpt/io.hpp"
+#include "ckpt/pickle.hpp"
+
+namespace ckpt {
+
+/// One storage record.
+struct TorchStorage {
+  std::string key;        ///< the record is `data/<key>`
+  DType dtype;
+  std::uint64_t numel;    ///< elements of `dtype`
+  std::string location;   ///< "cpu", "cuda:0", ...
+  SourcePtr data;         ///< the record's bytes (a window of the file, no copy)
+};
+
+/// One tensor found in the object tree.
+struct TorchTensor {
+  std::string name;                 ///< keys from the top-level object joined with '.' ("model.0.weight")
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> stride; ///< in elements
+  std::int64_t storage_offset = 0;  ///< in elements
+  std::size_t storage = 0;          ///< index into TorchSaveFile::storages
+  bool requires_grad = false;
+  bool is_parameter = false;
+  pickle::ValuePtr node;            ///< the rebuild call (or _rebuild_parameter) in the tree
+
+  std::uint64_t numel() const noexcept;
+  bool is_contiguous() const noexcept;
+};
+
+struct TorchSaveFile {
+  std::string archive_name;            ///< the folder all records share
+  std::vector<std::string> records;    ///< record names (without the folder), in archive order
+  int version = 0;
+  pickle::ValuePtr root;               ///< the saved object, lossless
+  std::vector<TorchStorage> storages;  ///< in order of first reference
+  std::vector<TorchTensor> tensors;    ///< in pickle order; a tensor referenced twice appears twice
+  std::map<std::string, std::size_t> storage_index;  ///< key -> index
+};
+
+/// Reads the archive, the pickle and the layout of every tensor; reads no tensor bytes.
+/// Throws ckpt::Error (kFormat, kUnsupported) naming the file or record and the offset.
+TorchSaveFile read_torch_save(SourcePtr source);
+
+/// Whether `source` starts like a torch.save zip ("PK\x03\x04").
+bool looks_like_torch_save(const ByteSource& source);
+
+/// Record layout to write.
+enum class TorchSaveLayout {
+  kCurrent,  ///< data.pkl, .format_version, .storage_alignment, byteorder, data/*, version (torch 2.x)
+  kTorch113, ///< data.pkl, data/*, version (what torch 1.13 writes)
+};
+
+struct TorchSaveWriteOptions {
+  std::string archive_name = "archive";  ///< what torch.save uses for streams
+  TorchSaveLayout layout = TorchSaveLayout::kCurrent;
+};
+
+/// Writes `root` as a torch.save archive. Each persistent id in the tree must be a torch storage
+/// tuple; `storage_data(key)` gives its bytes, which must hold numel × element size bytes. Records
+/// follow the order in which the pickle first references them. The sink is not committed.
+/// Throws kInvalidArgument for a tree that is not a torch.save object.
+void write_torch_save(ByteSink& sink, const pickle::Value& root,
+                      const std::function<SourcePtr(const std::string& key)>& storage_data,
+                      const TorchSaveWriteOptions& options = {});
+
+/// Builds object trees of tensors for write_torch_save, the way torch.save pickles them.
+class TorchSaveBuilder {
+ public:
+  TorchSaveBuilder();
+  /// A storage of `data.size() / element_size(dtype)` elements; returns its index. Its key is
+  /// the index in decimal.
+  std::size_t add_storage(DType dtype, SourcePtr data);
+  /// A tensor view of storage `storage` (a `_rebuild_tensor_v2`/`_v3` call).
+  pickle::ValuePtr tensor(std::size_t storage, std::vector<std::int64_t> shape, std::vector<std::int64_t> stride,
+                          std::int64_t storage_offset = 0);
+  /// A contiguous tensor over the whole storage, or its first numel(shape) elements.
+  pickle::ValuePtr tensor(std::size_t storage, std::vector<std::int64_t> shape);
+  /// An nn.Parameter around `tensor` (`_rebuild_parameter`).
+  pickle::ValuePtr parameter(pickle::ValuePtr tensor, bool requires_grad = true);
+  /// Writes `root` with the storages added here.
+  void write(ByteSink& sink, const pickle::Value& root, const TorchSaveWriteOptions& options = {}) const;
+
+ private:
+  struct Storage {
+    DType dtype;
+    SourcePtr data;
+    pickle::ValuePtr key;
+  };
+  std::vector<Storage> storages_;
+  pickle::ValuePtr tag_, location_, hooks_global_;
+};
+
+}  // namespace ckpt

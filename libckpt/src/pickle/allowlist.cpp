@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// NOTE [The allow-list]
+// The only list of globals libckpt understands. A pickle may name any global; the unpickler
+// records it and this table says what it means. Globals not listed stay kOpaque: shown by name,
+// written back unchanged, refused wherever a value must be understood (a tensor rebuild, a DCP
+// class), and never resolved or called. The entries follow spec/FORMATS.md §2.9 (what
+// torch.load(weights_only=True) accepts) and §3.3.4 (every module path DCP classes have had).
+#include <array>
+#include <string_view>
+
+#include "ckpt/dtype.hpp"
+#include "ckpt/pickle.hpp"
+
+namespace ckpt::pickle {
+namespace {
+
+struct Entry {
+  std::string_view module;
+  std::string_view name;
+  GlobalKind kind;
+};
+
+constexpr std::string_view kDcp113 = "torch.distributed._shard.checkpoint.metadata";
+constexpr std::string_view kDcp2 = "torch.distributed.checkpoint.metadata";
+constexpr std::string_view kShardedTensorMeta = "torch.distributed._shard.sharded_tensor.metadata";
+
+constexpr std::array kEntries = std::to_array<Entry>({
+    {"collections", "OrderedDict", GlobalKind::kOrderedDict},
+    {"collections", "Counter", GlobalKind::kCounter},
+    {"_codecs", "encode", GlobalKind::kCodecsEncode},
+    {"builtins", "set", GlobalKind::kBuiltinSet},
+    {"builtins", "frozenset", GlobalKind::kBuiltinFrozenset},
+    {"builtins", "bytes", GlobalKind::kBuiltinBytes},
+    {"builtins", "bytearray", GlobalKind::kBuiltinBytearray},
+    {"builtins", "complex", GlobalKind::kBuiltinComplex},
+    {"builtins", "getattr", GlobalKind::kBuiltinGetattr},
+    {"torch", "Size", GlobalKind::kTorchSize},
+    {"torch", "device", GlobalKind::kTorchDevice},
+    {"torch", "Tensor", GlobalKind::kTensorClass},
+    {"torch.serialization", "_get_layout", GlobalKind::kGetLayout},
+    {"torch.storage", "UntypedStorage", GlobalKind::kUntypedStorage},
+    {"torch", "UntypedStorage", GlobalKind::kUntypedStorage},
+    {"torch.storage", "TypedStorage", GlobalKind::kTypedStorage},
+    {"torch", "TypedStorage", GlobalKind::kTypedStorage},
+    {"torch.nn.parameter", "Parameter", GlobalKind::kParameterClass},
+    {"torch", "per_tensor_affine", GlobalKind::kQScheme},
+    {"torch", "per_tensor_symmetric", GlobalKind::kQScheme},
+    {"torch", "per_channel_affine", GlobalKind::kQScheme},
+    {"torch", "per_channel_symmetric", GlobalKind::kQScheme},
+    {"torch", "per_channel_affine_float_qparams", GlobalKind::kQScheme},
+    {"torch._utils", "_rebuild_tensor", GlobalKind::kRebuildTensor},
+    {"torch._utils", "_rebuild_tensor_v2", GlobalKind::kRebuildTensorV2},
+    {"torch._utils", "_rebuild_tensor_v3", GlobalKind::kRebuildTensorV3},
+    {"torch._utils", "_rebuild_parameter", GlobalKind::kRebuildParameter},
+    {"torch._utils", "_rebuild_parameter_with_state", GlobalKind::kRebuildParameterWithState},
+    {"torch._utils", "_rebuild_qtensor", GlobalKind::kRebuildQTensor},
+    {"torch._utils", "_rebuild_sparse_tensor", GlobalKind::kRebuildOther},
+    {"torch._utils", "_rebuild_meta_tensor_no_storage", GlobalKind::kRebuildOther},
+    {"torch._utils", "_rebuild_wrapper_subclass", GlobalKind::kRebuildOther},
+    {"torch._utils", "_rebuild_device_tensor_from_numpy", GlobalKind::kRebuildOther},
+    {"torch._utils", "_rebuild_device_tensor_from_cpu_tensor", GlobalKind::kRebuildOther},
+    {"torch._tensor", "_rebuild_from_type_v2", GlobalKind::kRebuildFromTypeV2},
+    {"pathlib", "PosixPath", GlobalKind::kPath},
+    {"pathlib", "WindowsPath", GlobalKind::kPath},
+    {"pathlib", "PurePosixPath", GlobalKind::kPath},
+    {"pathlib", "PureWindowsPath", GlobalKind::kPath},
+    {"pathlib._local", "PosixPath", GlobalKind::kPath},
+    {"pathlib._local", "WindowsPath", GlobalKind::kPath},
+    {"pathlib._local", "PurePosixPath", GlobalKind::kPath},
+    {"pathlib._local", "PureWindowsPath", GlobalKind::kPath},
+    // DCP: torch 1.13 (_shard.checkpoint), 2.0 and later (checkpoint), both enum spellings.
+    {kDcp113, "Metadata", GlobalKind::kDcpMetadata},
+    {kDcp113, "TensorStorageMetadata", GlobalKind::kDcpTensorStorageMetadata},
+    {kDcp113, "ChunkStorageMetadata", GlobalKind::kDcpChunkStorageMetadata},
+    {kDcp113, "BytesStorageMetadata", GlobalKind::kDcpBytesStorageMetadata},
+    {kDcp113, "MetadataIndex", GlobalKind::kDcpMetadataIndex},
+    {kDcp2, "Metadata", GlobalKind::kDcpMetadata},
+    {kDcp2, "TensorStorageMetadata", GlobalKind::kDcpTensorStorageMetadata},
+    {kDcp2, "ChunkStorageMetadata", GlobalKind::kDcpChunkStorageMetadata},
+    {kDcp2, "BytesStorageMetadata", GlobalKind::kDcpBytesStorageMetadata},
+    {kDcp2, "MetadataIndex", GlobalKind::kDcpMetadataIndex},
+    {kDcp2, "StorageMeta", GlobalKind::kDcpStorageMeta},
+    {kDcp2, "TensorProperties", GlobalKind::kDcpTensorProperties},
+    {kDcp2, "_MEM_FORMAT_ENCODING", GlobalKind::kDcpMemoryFormat},
+    {kDcp2, "MEM_FORMAT_ENCODING", GlobalKind::kDcpMemoryFormat},
+    {kShardedTensorMeta, "TensorProperties", GlobalKind::kDcpTensorProperties},
+    {kShardedTensorMeta, "MEM_FORMAT_ENCODING", GlobalKind::kDcpMemoryFormat},
+    {kShardedTensorMeta, "_MEM_FORMAT_ENCODING", GlobalKind::kDcpMemoryFormat},
+    {"torch.distributed._shard.checkpoint.filesystem", "_StorageInfo", GlobalKind::kDcpStorageInfo},
+    {"torch.distributed.checkpoint.filesystem", "_StorageInfo", GlobalKind::kDcpStorageInfo},
+});
+
+// Legacy tensor classes (torch.FloatTensor, torch.cuda.HalfTensor, ...), accepted by weights_only.
+constexpr std::array<std::string_view, 11> kLegacyTensorNames{
+    "DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+    "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor", "ComplexFloatTensor"};
+
+}  // namespace
+
+GlobalKind classify(std::string_view module, std::string_view name) noexcept {
+  // Never anything from these modules, whatever the table says (as torch.load does).
+  if (module == "os" || module == "sys" || module == "posix" || module == "nt" || module.starts_with("os.")) {
+    return GlobalKind::kOpaque;
+  }
+  for (const auto& e : kEntries) {
+    if (e.module == module && e.name == name) return e.kind;
+  }
+  if (module == "torch") {
+    // Dtypes pickle under their canonical name only (torch.float is written as torch.float32).
+    if (auto d = dtype_from_torch_name(name); d && ckpt::name(*d) == name) return GlobalKind::kDType;
+    if (dtype_from_storage_class(name)) return GlobalKind::kStorageClass;
+  }
+  if (module == "torch" || module == "torch.cuda") {
+    for (auto n : kLegacyTensorNames) {
+      if (n == name) return GlobalKind::kLegacyTensorClass;
+    }
+  }
+  return GlobalKind::kOpaque;
+}
+
+std::string_view to_string(GlobalKind kind) noexcept {
+  switch (kind) {
+    case GlobalKind::kOpaque: return "opaque";
+    case GlobalKind::kOrderedDict: return "OrderedDict";
+    case GlobalKind::kCounter: return "Counter";
+    case GlobalKind::kCodecsEncode: return "_codecs.encode";
+    case GlobalKind::kBuiltinSet: return "set";
+    case GlobalKind::kBuiltinFrozenset: return "frozenset";
+    case GlobalKind::kBuiltinBytes: return "bytes";
+    case GlobalKind::kBuiltinBytearray: return "bytearray";
+    case GlobalKind::kBuiltinComplex: return "complex";
+    case GlobalKind::kBuiltinGetattr: return "getattr";
+    case GlobalKind::kPath: return "path";
+    case GlobalKind::kTorchSize: return "torch.Size";
+    case GlobalKind::kTorchDevice: return "torch.device";
+    case GlobalKind::kGetLayout: return "layout";
+    case GlobalKind::kDType: return "dtype";
+    case GlobalKind::kStorageClass: return "storage class";
+    case GlobalKind::kUntypedStorage: return "UntypedStorage";
+    case GlobalKind::kTypedStorage: return "TypedStorage";
+    case GlobalKind::kQScheme: return "qscheme";
+    case GlobalKind::kTensorClass: return "Tensor";
+    case GlobalKind::kParameterClass: return "Parameter";
+    case GlobalKind::kLegacyTensorClass: return "legacy tensor class";
+    case GlobalKind::kRebuildTensor: return "_rebuild_tensor";
+    case GlobalKind::kRebuildTensorV2: return "_rebuild_tensor_v2";
+    case GlobalKind::kRebuildTensorV3: return "_rebuild_tensor_v3";
+    case GlobalKind::kRebuildParameter: return "_rebuild_parameter";
+    case GlobalKind::kRebuildParameterWithState: return "_rebuild_parameter_with_state";
+    case GlobalKind::kRebuildQTensor: return "_rebuild_qtensor";
+    case GlobalKind::kRebuildFromTypeV2: return "_rebuild_from_type_v2";
+    case GlobalKind::kRebuildOther: return "rebuild function";
+    case GlobalKind::kDcpMetadata: return "Metadata";
+    case GlobalKind::kDcpTensorStorageMetadata: return "TensorStorageMetadata";
+    case GlobalKind::kDcpChunkStorageMetadata: return "ChunkStorageMetadata";
+    case GlobalKind::kDcpBytesStorageMetadata: return "BytesStorageMetadata";
+    case GlobalKind::kDcpTensorProperties: return "TensorProperties";
+    case GlobalKind::kDcpMemoryFormat: return "MEM_FORMAT_ENCODING";
+    case GlobalKind::kDcpStorageMeta: return "StorageMeta";
+    case GlobalKind::kDcpMetadataIndex: return "MetadataIndex";
+    case GlobalKind::kDcpStorageInfo: return "_StorageInfo";
+  }
+  return "?";
+}
+
+}  // namespace ckpt::pickle

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "zip/zip_writer.hpp"
+
+#include "ckpt/error.hpp"
+#include "zip/crc32.hpp"
+
+namespace ckpt::detail {
+namespace {
+
+constexpr std::uint64_t kMax32 = 0xffffffffu;
+
+class Bytes {
+ public:
+  void u16(std::uint64_t v) { le(v, 2); }
+  void u32(std::uint64_t v) { le(v, 4); }
+  void u64(std::uint64_t v) { le(v, 8); }
+  void str(std::string_view s) { for (char c : s) b_.push_back(static_cast<std::byte>(c)); }
+  void fill(std::size_t n, std::uint8_t v) { b_.insert(b_.end(), n, std::byte{v}); }
+  std::span<const std::byte> span() const { return b_; }
+  std::size_t size() const { return b_.size(); }
+
+ private:
+  void le(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b_.push_back(static_cast<std::byte>(v >> (8 * i)));
+  }
+  std::vector<std::byte> b_;
+};
+
+}  // namespace
+
+ZipWriter::ZipWriter(ByteSink& sink, std::string archive_name, std::uint64_t alignment)
+    : sink_(sink), prefix_(std::move(archive_name) + "/"), alignment_(alignment) {
+  if (alignment_ == 0 || alignment_ > 0x10000) internal_error("zip alignment out of range");
+}
+
+void ZipWriter::add(std::string_view record, std::span<const std::byte> data) {
+  begin_record(record, data.size());
+  write(data);
+  end_record();
+}
+
+void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
+  if (open_) internal_error("ZipWriter::begin_record while a record is open");
+  const std::string name = prefix_ + std::string(record);
+  if (name.size() > 0xffff) throw Error(ErrorKind::kInvalidArgument, sink_.name(), std::nullopt, "record name longer than 65535 bytes");
+  const std::uint64_t cursor = sink_.offset();
+  const bool big_size = size >= kMax32, big_offset = cursor >= kMax32;
+  // See spec/FORMATS.md §2.3 for the padding rule (miniz's mz_zip_writer_add_mem_ex_v2 + PyTorch's
+  // getPadding): the zip64 part is counted before the FB field.
+  std::uint64_t start = cursor + 30 + name.size() + 4;
+  std::uint64_t zip64_len = 0;
+  if (big_size || big_offset) {
+    zip64_len = 4u + (big_size ? 16u : 0u) + (big_offset ? 8u : 0u);
+    start += zip64_len;
+  }
+  const std::uint64_t pad = (alignment_ - start % alignment_) % alignment_;
+  Bytes h;
+  h.u32(0x04034b50);
+  h.u16(0);       // version needed: miniz writes 0
+  h.u16(0x0808);  // data descriptor + UTF-8
+  h.u16(0);       // stored
+  h.u16(0);
+  h.u16(0);       // time, date
+  h.u32(0);       // crc, sizes: in the descriptor
+  h.u32(0);
+  h.u32(0);
+  h.u16(name.size());
+  h.u16(zip64_len + 4 + pad);
+  h.str(name);
+  if (zip64_len) {
+    h.u16(0x0001);
+    h.u16(zip64_len - 4);
+    if (big_size) {
+      h.u64(size);
+      h.u64(size);
+    }
+    if (big_offset) h.u64(cursor);
+  }
+  h.u16(0x4246);  // "FB"
+  h.u16(pad);
+  h.fill(static_cast<std::size_t>(pad), 'Z');
+  sink_.write(h.span());
+  members_.push_back({name, cursor, size, 0});
+  open_ = true;
+  remaining_ = size;
+  crc_ = 0;
+}
+
+void ZipWriter::write(std::span<const std::byte> data) {
+  if (!open_ || data.size() > remaining_) internal_error("ZipWriter::write beyond the declared record size");
+  crc_ = crc32_update(crc_, data);
+  sink_.write(data);
+  remaining_ -= data.size();
+}
+
+void ZipWriter::end_record() {
+  if (!open_ || remaining_ != 0) internal_error("ZipWriter::end_record before the declared size was written");
+  Member& m = members_.back();
+  m.crc = crc_;
+  Bytes d;
+  d.u32(0x08074b50);
+  d.u32(m.crc);
+  if (m.size >= kMax32 || m.header_offset >= kMax32) {
+    d.u64(m.size);
+    d.u64(m.size);
+  } else {
+    d.u32(m.size);
+    d.u32(m.size);
+  }
+  sink_.write(d.span());
+  open_ = false;
+}
+
+void ZipWriter::finish() {
+  if (open_) internal_error("ZipWriter::finish while a record is open");
+  const std::uint64_t cd_offset = sink_.offset();
+  Bytes cd;
+  for (const Member& m : members_) {
+    const bool big_size = m.size >= kMax32, big_offset = m.header_offset >= kMax32;
+    cd.u32(0x02014b50);
+    cd.u16(0);  // made by
+    cd.u16(0);  // needed
+    cd.u16(0x0808);
+    cd.u16(0);
+    cd.u16(0);
+    cd.u16(0);
+    cd.u32(m.crc);
+    cd.u32(big_size ? kMax32 : m.size);
+    cd.u32(big_size ? kMax32 : m.size);
+    cd.u16(m.name.size());
+    const std::uint64_t extra = (big_size || big_offset) ? 4u + (big_size ? 16u : 0u) + (big_offset ? 8u : 0u) : 0u;
+    cd.u16(extra);
+    cd.u16(0);  // comment
+    cd.u16(0);  // disk
+    cd.u16(0);  // internal attributes
+    cd.u32(0);  // external attributes
+    cd.u32(big_offset ? kMax32 : m.header_offset);
+    cd.str(m.name);
+    if (extra) {
+      cd.u16(0x0001);
+      cd.u16(extra - 4);
+      if (big_size) {
+        cd.u64(m.size);
+        cd.u64(m.size);
+      }
+      if (big_offset) cd.u64(m.header_offset);
+    }
+  }
+  sink_.write(cd.span());
+  const std::uint64_t cd_size = cd.size();
+  const std::uint64_t n = members_.size();
+  const std::uint64_t z64_at = sink_.offset();
+  Bytes e;
+  e.u32(0x06064b50);
+  e.u64(44);
+  e.u16(0x031e);
+  e.u16(0x002d);
+  e.u32(0);
+  e.u32(0);
+  e.u64(n);
+  e.u64(n);
+  e.u64(cd_size);
+  e.u64(cd_offset);
+  e.u32(0x07064b50);
+  e.u32(0);
+  e.u64(z64_at);
+  e.u32(1);
+  e.u32(0x06054b50);
+  e.u16(0);
+  e.u16(0);
+  e.u16(std::min<std::uint64_t>(n, 0xffff));
+  e.u16(std::min<std::uint64_t>(n, 0xffff));
+  e.u32(std::min<std::uint64_t>(cd_size, kMax32));
+  e.u32(std::min<std::uint64_t>(cd_offset, kMax32));
+  e.u16(0);
+  sink_.write(e.span());
+}
+
+}  // namespace ckpt::detail
