@@ -401,6 +401,19 @@ void write_torch_save(ByteSink& sink, const Value& root, const std::function<Sou
     records.push_back({key, size, std::move(data)});
   };
   const std::vector<std::byte> pkl = pickle::write(root, 2, on_pid);
+  // torch 1.13 writes storages in sorted(key) order, strings compared ("10" before "2"); torch 2.x
+  // with .format_version 1 in numeric key order.
+  auto numeric = [](const std::string& k) {
+    std::uint64_t v = 0;
+    auto [p, ec] = std::from_chars(k.data(), k.data() + k.size(), v);
+    return std::pair{ec == std::errc() && p == k.data() + k.size() ? 0 : 1, v};
+  };
+  if (options.layout == TorchSaveLayout::kTorch113) {
+    std::stable_sort(records.begin(), records.end(), [](const Record& x, const Record& y) { return x.key < y.key; });
+  } else {
+    std::stable_sort(records.begin(), records.end(),
+                     [&](const Record& x, const Record& y) { return numeric(x.key) < numeric(y.key); });
+  }
 
   detail::ZipWriter zip(sink, options.archive_name);
   auto text = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };

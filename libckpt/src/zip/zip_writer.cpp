@@ -57,7 +57,7 @@ void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
   Bytes h;
   h.u32(0x04034b50);
   h.u16(0);       // version needed: miniz writes 0
-  h.u16(0x0808);  // data descriptor + UTF-8
+  h.u16(size == 0 ? 0x0800 : 0x0808);  // UTF-8, + data descriptor unless empty (miniz, verified on 1.13)
   h.u16(0);       // stored
   h.u16(0);
   h.u16(0);       // time, date
@@ -97,6 +97,8 @@ void ZipWriter::end_record() {
   if (!open_ || remaining_ != 0) internal_error("ZipWriter::end_record before the declared size was written");
   Member& m = members_.back();
   m.crc = crc_;
+  open_ = false;
+  if (m.size == 0) return;  // miniz writes no descriptor for an empty member
   Bytes d;
   d.u32(0x08074b50);
   d.u32(m.crc);
@@ -108,7 +110,6 @@ void ZipWriter::end_record() {
     d.u32(m.size);
   }
   sink_.write(d.span());
-  open_ = false;
 }
 
 void ZipWriter::finish() {
@@ -120,7 +121,7 @@ void ZipWriter::finish() {
     cd.u32(0x02014b50);
     cd.u16(0);  // made by
     cd.u16(0);  // needed
-    cd.u16(0x0808);
+    cd.u16(m.size == 0 ? 0x0800 : 0x0808);
     cd.u16(0);
     cd.u16(0);
     cd.u16(0);

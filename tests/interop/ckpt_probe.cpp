@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+// ckpt_probe: a test driver that exposes libckpt to the Python interop tests (tests/interop/*.py),
+// which hold PyTorch's own reader and writer against ours. Not installed.
+//   ckpt_probe dump-torch FILE            JSON: records, storages, tensors with their bytes (hex, C order)
+//   ckpt_probe dump-safetensors FILE      JSON: metadata, tensors with their bytes
+//   ckpt_probe repickle IN OUT PROTOCOL   parse a pickle and write it back
+//   ckpt_probe resave IN OUT LAYOUT NAME  read a torch.save file, write it again (LAYOUT: current|1.13)
+//   ckpt_probe write-sample OUT           a torch.save file built with TorchSaveBuilder (see sample.hpp)
+//   ckpt_probe write-safetensors-sample OUT
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ckpt/error.hpp"
+#include "ckpt/io.hpp"
+#include "ckpt/pickle.hpp"
+#include "ckpt/safetensors.hpp"
+#include "ckpt/torch_save.hpp"
+#include "interop/sample.hpp"
+
+namespace {
+
+using nlohmann::json;
+
+std::string hex(std::span<const std::byte> b) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  s.reserve(b.size() * 2);
+  for (std::byte x : b) {
+    s += d[static_cast<unsigned>(x) >> 4];
+    s += d[static_cast<unsigned>(x) & 15];
+  }
+  return s;
+}
+
+// The elements of a strided view, in C order.
+std::vector<std::byte> gather(const ckpt::TorchTensor& t, const ckpt::TorchStorage& s) {
+  const std::size_t es = ckpt::element_size(t.dtype);
+  std::vector<std::byte> storage = s.data->read_vector(0, s.data->size());
+  std::vector<std::byte> out;
+  const std::uint64_t n = t.numel();
+  std::vector<std::int64_t> idx(t.shape.size(), 0);
+  for (std::uint64_t k = 0; k < n; ++k) {
+    std::int64_t e = t.storage_offset;
+    for (std::size_t d = 0; d < idx.size(); ++d) e += idx[d] * t.stride[d];
+    auto at = storage.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(e) * es);
+    out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(es));
+    for (std::size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < t.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+int dump_torch(const std::string& path) {
+  auto f = ckpt::read_torch_save(ckpt::open_file(path));
+  json j;
+  j["archive_name"] = f.archive_name;
+  j["records"] = f.records;
+  j["version"] = f.version;
+  json storages = json::array();
+  for (const auto& s : f.storages) {
+    storages.push_back({{"key", s.key}, {"dtype", ckpt::name(s.dtype)}, {"numel", s.numel}, {"location", s.location}});
+  }
+  j["storages"] = storages;
+  json tensors = json::array();
+  for (const auto& t : f.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"dtype", ckpt::name(t.dtype)},
+                       {"shape", t.shape},
+                       {"stride", t.stride},
+                       {"storage_offset", t.storage_offset},
+                       {"storage", f.storages[t.storage].key},
+                       {"requires_grad", t.requires_grad},
+                       {"is_parameter", t.is_parameter},
+                       {"hex", hex(gather(t, f.storages[t.storage]))}});
+  }
+  j["tensors"] = tensors;
+  j["repr"] = ckpt::pickle::repr(*f.root, 1u << 20);
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+int dump_safetensors(const std::string& path) {
+  auto f = ckpt::read_safetensors(ckpt::open_file(path));
+  json j;
+  j["header_size"] = f.header_size;
+  j["metadata"] = json::object();
+  for (const auto& [k, v] : f.metadata) j["metadata"][k] = v;
+  json tensors = json::array();
+  for (const auto& t : f.tensors) {
+    tensors.push_back({{"name", t.name}, {"dtype", ckpt::name(t.dtype)}, {"shape", t.shape}, {"begin", t.begin},
+                       {"end", t.end}, {"hex", hex(t.data->read_vector(0, t.data->size()))}});
+  }
+  j["tensors"] = tensors;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+int repickle(const std::string& in, const std::string& out, int protocol) {
+  auto src = ckpt::open_file(in);
+  auto bytes = src->read_vector(0, src->size());
+  auto root = ckpt::pickle::parse(bytes, in);
+  auto written = ckpt::pickle::write(*root, protocol);
+  auto sink = ckpt::open_file_sink(out, ckpt::Overwrite::kYes);
+  sink->write(written);
+  sink->commit();
+  return 0;
+}
+
+int resave(const std::string& in, const std::string& out, const std::string& layout, const std::string& archive) {
+  auto f = ckpt::read_torch_save(ckpt::open_file(in));
+  ckpt::TorchSaveWriteOptions o;
+  o.layout = layout == "1.13" ? ckpt::TorchSaveLayout::kTorch113 : ckpt::TorchSaveLayout::kCurrent;
+  o.archive_name = archive;
+  auto sink = ckpt::open_file_sink(out, ckpt::Overwrite::kYes);
+  ckpt::write_torch_save(
+      *sink, *f.root, [&](const std::string& key) { return f.storages[f.storage_index.at(key)].data; }, o);
+  sink->commit();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string cmd = argc > 1 ? argv[1] : "";
+    if (cmd == "dump-torch" && argc == 3) return dump_torch(argv[2]);
+    if (cmd == "dump-safetensors" && argc == 3) return dump_safetensors(argv[2]);
+    if (cmd == "repickle" && argc == 5) return repickle(argv[2], argv[3], std::stoi(argv[4]));
+    if (cmd == "resave" && argc == 6) return resave(argv[2], argv[3], argv[4], argv[5]);
+    if (cmd == "write-sample" && argc == 3) {
+      auto sink = ckpt::open_file_sink(argv[2], ckpt::Overwrite::kYes);
+      fsdp_test::write_sample_torch_save(*sink);
+      sink->commit();
+      return 0;
+    }
+    if (cmd == "write-safetensors-sample" && argc == 3) {
+      auto sink = ckpt::open_file_sink(argv[2], ckpt::Overwrite::kYes);
+      fsdp_test::write_sample_safetensors(*sink);
+      sink->commit();
+      return 0;
+    }
+    std::cerr << "usage: see the comment at the top of tests/interop/ckpt_probe.cpp\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt_probe: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared helpers for the interop tests: run ckpt_probe, compare with what PyTorch says."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+PASSED = [0]
+SKIPPED = [0]
+
+
+def args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--probe", required=True)
+    p.add_argument("--testdata", required=True)
+    p.add_argument("--shared", required=True)
+    return p.parse_args()
+
+
+def import_torch():
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # the oracle must be there: fail, never skip
+        print(f"FAIL: cannot import torch ({e}); install python3-torch (scripts/setup)")
+        sys.exit(1)
+    return torch
+
+
+def probe(a, *argv, expect_ok=True):
+    r = subprocess.run([a.probe, *argv], capture_output=True, text=True)
+    if expect_ok and r.returncode != 0:
+        raise AssertionError(f"ckpt_probe {' '.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r
+
+
+def probe_json(a, *argv):
+    return json.loads(probe(a, *argv).stdout)
+
+
+def check(name, fn):
+    try:
+        fn()
+        PASSED[0] += 1
+        print(f"ok   {name}")
+    except AssertionError as e:
+        FAILURES.append(name)
+        print(f"FAIL {name}: {e}")
+    except Exception as e:  # an unexpected exception is a failure too
+        FAILURES.append(name)
+        print(f"FAIL {name}: {type(e).__name__}: {e}")
+
+
+def skip(name, why):
+    SKIPPED[0] += 1
+    print(f"skip {name}: {why}")
+
+
+def finish():
+    print(f"{PASSED[0]} passed, {len(FAILURES)} failed, {SKIPPED[0]} skipped")
+    sys.exit(1 if FAILURES else 0)
+
+
+def tmpdir():
+    return tempfile.mkdtemp(prefix="fsdp-interop-")
+
+
+def tensor_bytes(torch, t):
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def sample_bytes(s, n, is_bool):
+    b = bytes(((j * 131 + s * 17 + 7) % 256) for j in range(n))
+    return bytes(x % 2 for x in b) if is_bool else b

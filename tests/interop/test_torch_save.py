@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""torch.save interop: our writer against torch.load(weights_only=True), our reader against
+torch.save's files, and a re-save that must reproduce torch's bytes exactly."""
+import collections
+import io
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import (args, check, finish, import_torch, probe, probe_json, sample_bytes, skip, tensor_bytes,  # noqa: E402
+                    tmpdir)
+
+a = args()
+torch = import_torch()
+work = tmpdir()
+
+
+def walk(obj, path):
+    for k in path:
+        obj = obj[k]
+    return obj
+
+
+def test_our_sample_loads_weights_only():
+    out = os.path.join(work, "sample.pt")
+    probe(a, "write-sample", out)
+    manifest = __import__("json").load(open(out + ".json"))
+    obj = torch.load(out, weights_only=True)
+    storages = {}
+    for t in manifest["tensors"]:
+        path = [int(k) if isinstance(k, int) else k for k in t["path"]]
+        v = walk(obj, path)
+        assert isinstance(v, torch.Tensor), f"{path}: {type(v)}"
+        assert str(v.dtype) == "torch." + t["dtype"], f"{path}: dtype {v.dtype}, wanted {t['dtype']}"
+        assert list(v.shape) == t["shape"], f"{path}: shape {list(v.shape)} != {t['shape']}"
+        assert list(v.stride()) == t["stride"], f"{path}: stride {v.stride()} != {t['stride']}"
+        assert v.storage_offset() == t["offset"], f"{path}: storage_offset {v.storage_offset()}"
+        assert isinstance(v, torch.nn.Parameter) == t["parameter"], f"{path}: Parameter? {type(v)}"
+        st = manifest["storages"][t["storage"]]
+        storage = v.storage()
+        raw = bytes(storage._untyped()) if hasattr(storage, "_untyped") else bytes(storage.untyped())
+        want = sample_bytes(t["storage"], st["nbytes"], st["dtype"] == "bool")
+        assert raw == want, f"{path}: storage bytes differ"
+        storages.setdefault(t["storage"], set()).add(storage.data_ptr())
+    for s, ptrs in storages.items():
+        assert len(ptrs) == 1, f"storage {s} is not shared after loading"
+    for k in manifest["kinds"]:
+        v = walk(obj, k["path"])
+        want = {"OrderedDict": collections.OrderedDict, "list": list, "tuple": tuple, "dict": dict}[k["type"]]
+        assert type(v) is want, f"{k['path']}: {type(v).__name__}, wanted {k['type']}"
+    for sc in manifest["scalars"]:
+        v = walk(obj, sc["path"])
+        assert v == sc["value"] and type(v) is type(sc["value"]), f"{sc['path']}: {v!r} != {sc['value']!r}"
+    assert "\u00e9pique/\u043a\u043b\u044e\u0447" in obj
+
+
+def torch_files():
+    """Files torch.save writes, covering what our reader must understand."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    longs = torch.arange(10, dtype=torch.int64)
+    files = {}
+    files["dtypes.pt"] = {
+        n: (torch.randn(3, 2, generator=g) * 100).to(dt)
+        for n, dt in [("f32", torch.float32), ("f64", torch.float64), ("f16", torch.float16),
+                      ("bf16", torch.bfloat16), ("i64", torch.int64), ("i32", torch.int32),
+                      ("i16", torch.int16), ("i8", torch.int8), ("u8", torch.uint8), ("bool", torch.bool),
+                      ("c64", torch.complex64), ("c128", torch.complex128)]}
+    files["views.pt"] = {"base": base, "t": base.t(), "slice": base[1:, 2:5], "step": longs[1::3],
+                         "tail": longs[4:], "scalar": torch.tensor(3.5), "empty": torch.empty(0, 4),
+                         "expanded_row": base[2]}
+    lin = torch.nn.Linear(3, 2)
+    files["module.pt"] = {"model": lin.state_dict(), "param": torch.nn.Parameter(torch.ones(2)),
+                          "frozen": torch.nn.Parameter(torch.zeros(3), requires_grad=False),
+                          "epoch": 4, "lr": 0.5, "name": "run", "tags": ["a", "b"], "pair": (1, 2.5),
+                          "\u00e9t\u00e9": torch.tensor([1, 2], dtype=torch.int32), "nothing": None}
+    files["shared.pt"] = [base, base[0], {"again": base}]
+    files["archive_name.tar.gz"] = {"w": torch.ones(2, 2)}
+    return files
+
+
+def compare_reader(path, obj):
+    dump = probe_json(a, "dump-torch", path)
+    seen = {}
+    for t in dump["tensors"]:
+        seen[t["name"]] = t
+
+    def visit(v, name):
+        if isinstance(v, torch.Tensor):
+            t = seen.get(name)
+            assert t is not None, f"{path}: our reader lists no tensor '{name}' (it has {sorted(seen)})"
+            assert "torch." + t["dtype"] == str(v.dtype), f"{name}: {t['dtype']} vs {v.dtype}"
+            assert t["shape"] == list(v.shape), f"{name}: shape"
+            assert t["stride"] == list(v.stride()), f"{name}: stride"
+            assert t["storage_offset"] == v.storage_offset(), f"{name}: offset"
+            assert t["is_parameter"] == isinstance(v, torch.nn.Parameter), f"{name}: parameter"
+            assert t["requires_grad"] == v.requires_grad, f"{name}: requires_grad"
+            assert bytes.fromhex(t["hex"]) == tensor_bytes(torch, v), f"{name}: values differ"
+            return 1
+        n = 0
+        if isinstance(v, dict):
+            for k, x in v.items():
+                n += visit(x, f"{name}.{k}" if name else str(k))
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                n += visit(x, f"{name}.{i}" if name else str(i))
+        return n
+
+    n = visit(obj, "")
+    assert n == len(dump["tensors"]) or path.endswith("shared.pt"), f"{path}: {len(dump['tensors'])} tensors listed, torch has {n}"
+    return dump
+
+
+def test_reader_on_torch_files():
+    for fname, obj in torch_files().items():
+        path = os.path.join(work, fname)
+        torch.save(obj, path)
+        dump = compare_reader(path, torch.load(path))
+        if fname == "archive_name.tar.gz":
+            assert dump["archive_name"] == "archive_name.tar", dump["archive_name"]
+        if fname == "shared.pt":
+            keys = {t["storage"] for t in dump["tensors"]}
+            assert len(keys) == 1, f"shared storage split into {keys}"
+
+
+def test_resave_is_byte_identical_to_torch():
+    # torch 1.13 writes data.pkl, data/*, version; our writer in that layout, given the tree we
+    # read, must reproduce the file byte for byte (pickle, zip headers, padding, CRCs, end records).
+    for fname, obj in torch_files().items():
+        src = os.path.join(work, "ident_" + fname)
+        buf = io.BytesIO()
+        torch.save(obj, buf)  # a stream: archive name 'archive'
+        open(src, "wb").write(buf.getvalue())
+        out = src + ".ours"
+        probe(a, "resave", src, out, "1.13", "archive")
+        mine, theirs = open(out, "rb").read(), buf.getvalue()
+        if mine != theirs:
+            at = next((i for i in range(min(len(mine), len(theirs))) if mine[i] != theirs[i]), min(len(mine), len(theirs)))
+            raise AssertionError(f"{fname}: our bytes differ from torch.save's at offset {at} "
+                                 f"(sizes {len(mine)} vs {len(theirs)})")
+
+
+def test_resave_current_layout_loads_weights_only():
+    for fname, obj in torch_files().items():
+        if fname == "module.pt":
+            continue  # holds Python floats, which torch 1.13's weights_only refuses (BINFLOAT)
+        src = os.path.join(work, "cur_" + fname)
+        torch.save(obj, src)
+        out = src + ".ours"
+        probe(a, "resave", src, out, "current", "archive")
+        back = torch.load(out, weights_only=True)
+        compare_reader(out, back)
+        compare_reader(src, back)
+
+
+def test_module_file_float_free_parts_weights_only():
+    # module.pt has floats (lr, a tuple member): prove weights_only on a float-free copy instead.
+    obj = torch_files()["module.pt"]
+    del obj["lr"], obj["pair"]
+    src = os.path.join(work, "nofloat.pt")
+    torch.save(obj, src)
+    out = src + ".ours"
+    probe(a, "resave", src, out, "current", "archive")
+    compare_reader(out, torch.load(out, weights_only=True))
+
+
+def test_committed_fixture():
+    path = os.path.join(a.testdata, "torch_save", "tiny_state_dict.pt")
+    compare_reader(path, torch.load(path))
+
+
+def test_real_torchtune_checkpoint():
+    path = os.path.join(a.shared, "pytorch__torchtune__tiny-fair-checkpoint", "tiny_fair_checkpoint.pt")
+    dump = compare_reader(path, torch.load(path))
+    assert len(dump["tensors"]) == 21, len(dump["tensors"])
+    assert "byteorder" in dump["records"]
+
+
+def test_legacy_file_is_refused_by_name():
+    path = os.path.join(work, "legacy.pt")
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
+    r = probe(a, "dump-torch", path, expect_ok=False)
+    assert r.returncode == 1 and "legacy torch.save format" in r.stderr and "offset 0" in r.stderr, r.stderr
+
+
+check("our writer's sample loads with torch.load(weights_only=True)", test_our_sample_loads_weights_only)
+check("our reader agrees with torch.load on torch.save files", test_reader_on_torch_files)
+check("re-saving a torch.save file reproduces torch's bytes", test_resave_is_byte_identical_to_torch)
+check("re-saved files (current layout) load with weights_only=True", test_resave_current_layout_loads_weights_only)
+check("float-free parts of a module checkpoint load with weights_only=True", test_module_file_float_free_parts_weights_only)
+if os.path.exists(os.path.join(a.testdata, "torch_save", "tiny_state_dict.pt")):
+    check("committed fixture agrees with torch.load", test_committed_fixture)
+else:
+    check("committed fixture exists", lambda: (_ for _ in ()).throw(AssertionError("testdata/torch_save/tiny_state_dict.pt missing")))
+if os.path.isdir(os.path.join(a.shared, "pytorch__torchtune__tiny-fair-checkpoint")):
+    check("real torchtune checkpoint agrees with torch.load", test_real_torchtune_checkpoint)
+else:
+    skip("real torchtune checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
+check("a legacy (non-zip) torch.save file is refused by name", test_legacy_file_is_refused_by_name)
+finish()

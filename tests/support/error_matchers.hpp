@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// Catch2 matcher for ckpt::Error: kind, offset and a message substring, as the corruption tables need.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "ckpt/error.hpp"
+
+namespace fsdp_test {
+
+class IsCkptError : public Catch::MatcherBase<ckpt::Error> {
+ public:
+  IsCkptError(ckpt::ErrorKind kind, std::optional<std::uint64_t> offset, std::string substring)
+      : kind_(kind), offset_(offset), substring_(std::move(substring)) {}
+  bool match(const ckpt::Error& e) const override {
+    return e.kind() == kind_ && (!offset_ || e.offset() == offset_) && std::string(e.what()).find(substring_) != std::string::npos;
+  }
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "is a ckpt::Error of kind " << ckpt::to_string(kind_);
+    if (offset_) os << " at offset " << *offset_;
+    os << " containing \"" << substring_ << "\"";
+    return os.str();
+  }
+
+ private:
+  ckpt::ErrorKind kind_;
+  std::optional<std::uint64_t> offset_;
+  std::string substring_;
+};
+
+}  // namespace fsdp_test
+
+// Catch2 prints the exception's what() on mismatch through this.
+namespace Catch {
+template <>
+struct StringMaker<ckpt::Error> {
+  static std::string convert(const ckpt::Error& e) { return std::string("ckpt::Error(") + std::string(ckpt::to_string(e.kind())) + "): " + e.what(); }
+};
+}  // namespace Catch

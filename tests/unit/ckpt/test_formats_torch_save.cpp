@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "ckpt/torch_save.hpp"
+#include "support/error_matchers.hpp"
+#include "support/test_support.hpp"
+#include "zip/crc32.hpp"
+#include "zip/zip_writer.hpp"
+
+using namespace fsdp_test;
+using ckpt::DType;
+using ckpt::ErrorKind;
+namespace pk = ckpt::pickle;
+
+namespace {
+
+std::vector<std::byte> build_sample() {
+  ckpt::TorchSaveBuilder b;
+  std::vector<std::byte> f32(6 * 4), bf(2 * 2), f8(4);
+  for (std::size_t i = 0; i < f32.size(); ++i) f32[i] = static_cast<std::byte>(i);
+  const auto s0 = b.add_storage(DType::kFloat32, ckpt::memory_source(f32));
+  const auto s1 = b.add_storage(DType::kBFloat16, ckpt::memory_source(bf));
+  const auto s2 = b.add_storage(DType::kFloat8E4M3FN, ckpt::memory_source(f8));
+  auto root = pk::make_dict({{pk::make_str("w"), b.parameter(b.tensor(s0, {2, 3}))},
+                             {pk::make_str("wt"), b.tensor(s0, {3, 2}, {1, 3}, 0)},
+                             {pk::make_str("tail"), b.tensor(s0, {2}, {1}, 4)},
+                             {pk::make_str("b"), b.tensor(s1, {2})},
+                             {pk::make_str("f8"), b.tensor(s2, {4})},
+                             {pk::make_str("list"), pk::make_list({b.tensor(s1, {})})},
+                             {pk::make_str("step"), pk::make_int(3)}});
+  ckpt::MemorySink sink("mem.pt");
+  b.write(sink, *root);
+  return sink.take();
+}
+
+}  // namespace
+
+TEST_CASE("torch.save round trip in memory", "[ckpt][torch_save]") {
+  auto f = ckpt::read_torch_save(ckpt::memory_source(build_sample(), "mem.pt"));
+  CHECK(f.archive_name == "archive");
+  CHECK(f.version == 3);
+  CHECK(f.records == std::vector<std::string>{"data.pkl", ".format_version", ".storage_alignment", "byteorder",
+                                              "data/0", "data/1", "data/2", "version"});
+  REQUIRE(f.tensors.size() == 6);
+  CHECK(f.storages.size() == 3);
+  const auto& w = f.tensors[0];
+  CHECK(w.name == "w");
+  CHECK(w.is_parameter);
+  CHECK(w.requires_grad);
+  CHECK(w.shape == std::vector<std::int64_t>{2, 3});
+  CHECK(w.is_contiguous());
+  CHECK(f.tensors[1].name == "wt");
+  CHECK_FALSE(f.tensors[1].is_contiguous());
+  CHECK(f.tensors[1].storage == w.storage);
+  CHECK(f.tensors[2].storage_offset == 4);
+  CHECK(f.tensors[4].dtype == DType::kFloat8E4M3FN);  // _rebuild_tensor_v3 + UntypedStorage
+  CHECK(f.tensors[5].name == "list.0");
+  CHECK(f.tensors[5].shape.empty());
+  CHECK(f.storages[0].data->read_vector(4, 2) == std::vector<std::byte>{std::byte{4}, std::byte{5}});
+  CHECK(f.storages[0].data->name() == "mem.pt[archive/data/0]");
+}
+
+TEST_CASE("committed fixture: torch 1.13's worked example", "[ckpt][torch_save]") {
+  // testdata/README.md: tiny_state_dict.pt, 1743 bytes, written by testdata/gen/make_fixtures.py.
+  const auto bytes = read_all(testdata("torch_save/tiny_state_dict.pt"));
+  REQUIRE(bytes.size() == 1743);
+  REQUIRE(ckpt::detail::crc32_update(0, bytes) == 0xb33919abu);
+  auto f = ckpt::read_torch_save(ckpt::open_file(testdata("torch_save/tiny_state_dict.pt")));
+  CHECK(f.archive_name == "tiny_state_dict");
+  CHECK(f.records == std::vector<std::string>{"data.pkl", "data/0", "data/1", "data/2", "data/3", "version"});
+  REQUIRE(f.tensors.size() == 5);
+  CHECK(f.tensors[0].name == "model.w");
+  CHECK(f.tensors[1].dtype == DType::kBFloat16);
+  CHECK(f.storages[1].data->read_vector(0, 4) == std::vector<std::byte>{std::byte{0xc0}, std::byte{0x3f}, std::byte{0x00}, std::byte{0xc0}});
+  CHECK(f.tensors[3].name == "model.view");
+  CHECK(f.tensors[3].storage == f.tensors[2].storage);
+  CHECK(f.tensors[3].storage_offset == 1);
+  CHECK(f.tensors[4].name == "p");
+  CHECK(f.tensors[4].is_parameter);
+}
+
+TEST_CASE("torch.save corruption table", "[ckpt][torch_save]") {
+  const auto good = build_sample();
+  const std::size_t pkl_at = 64;  // data.pkl's payload, first record
+  struct Row {
+    const char* defect;
+    std::function<void(std::vector<std::byte>&)> patch;
+    ErrorKind kind;
+    std::optional<std::uint64_t> offset;
+    const char* message;
+  };
+  const std::vector<Row> rows = {
+      {"not a zip", [](auto& b) { b[0] = std::byte{'X'}; }, ErrorKind::kFormat, 0, "not a torch.save file"},
+      {"legacy pickle", [](auto& b) { b.assign({std::byte{0x80}, std::byte{2}, std::byte{'N'}, std::byte{'.'}}); },
+       ErrorKind::kUnsupported, 0, "legacy torch.save format"},
+      {"no version record", [](auto& b) { auto at = find(b, "archive/version", 200); b[at + 8] = std::byte{'X'}; b[find(b, "archive/version", at + 1) + 8] = std::byte{'X'}; },
+       ErrorKind::kFormat, std::nullopt, "no 'archive/version' record"},
+      {"bad version", [](auto& b) { auto at = find(b, "3\n", find(b, "archive/version")); b[at] = std::byte{'x'}; }, ErrorKind::kFormat,
+       std::nullopt, "is not an integer in [1, 10]"},
+      {"big endian", [](auto& b) { auto at = find(b, "little"); std::memcpy(&b[at], "big   ", 6); }, ErrorKind::kUnsupported,
+       std::nullopt, "big-endian storages"},
+      {"unknown byteorder", [](auto& b) { auto at = find(b, "little"); std::memcpy(&b[at], "middle", 6); }, ErrorKind::kFormat,
+       std::nullopt, "byteorder record is 'middle'"},
+      {"storage key without record", [&](auto& b) { b[find(b, std::string("X\x01\x00\x00\x00" "1", 6), pkl_at) + 5] = std::byte{'7'}; },
+       ErrorKind::kFormat, std::nullopt, "storage '7' has no record 'archive/data/7'"},
+      {"record size disagrees with numel", [&](auto& b) { b[find(b, "K\x06t", pkl_at) + 1] = std::byte{5}; },
+       ErrorKind::kFormat, std::nullopt, "holds 24 bytes, but its storage is 5 float32 elements"},
+      {"view past the storage", [&](auto& b) { b[find(b, "K\x04K\x02\x85", pkl_at) + 1] = std::byte{5}; },
+       ErrorKind::kFormat, std::nullopt, "reaches element 6 of storage '0', which has 6 elements"},
+      {"persistent id tag", [&](auto& b) { b[find(b, "storage", pkl_at)] = std::byte{'S'}; }, ErrorKind::kFormat, std::nullopt,
+       "persistent id tag is not 'storage'"},
+  };
+  for (const auto& row : rows) {
+    SECTION(row.defect) {
+      auto bad = good;
+      row.patch(bad);
+      REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(bad, "mem.pt")), ckpt::Error,
+                             IsCkptError(row.kind, row.offset, row.message));
+    }
+  }
+}
+
+TEST_CASE("a tiny file that claims a huge storage fails before allocating", "[ckpt][torch_save]") {
+  // data.pkl says 2**40 float32 elements; the record has 4 bytes. The check compares sizes only.
+  auto pid = pk::make_persistent_id(pk::make_tuple({pk::make_str("storage"), pk::make_global("torch", "FloatStorage"),
+                                                    pk::make_str("0"), pk::make_str("cpu"), pk::make_int(std::int64_t{1} << 40)}));
+  auto t = pk::make_object(pk::make_global("torch._utils", "_rebuild_tensor_v2"), pk::BuildOp::kReduce,
+                           pk::make_tuple({pid, pk::make_int(0), pk::make_tuple({pk::make_int(std::int64_t{1} << 40)}),
+                                           pk::make_tuple({pk::make_int(1)}), pk::make_bool(false),
+                                           pk::make_ordered_dict()}));
+  ckpt::MemorySink sink;
+  ckpt::detail::ZipWriter zip(sink, "archive");
+  zip.add("data.pkl", pk::write(*t, 2));
+  zip.add("data/0", std::vector<std::byte>(4));
+  zip.add("version", bytes_of("3\n"));
+  zip.finish();
+  REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(sink.take(), "m")), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, std::nullopt, "holds 4 bytes, but its storage is 1099511627776 float32"));
+}

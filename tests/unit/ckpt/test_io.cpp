@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "ckpt/io.hpp"
+#include "io/cursor.hpp"
+#include "support/error_matchers.hpp"
+#include "support/test_support.hpp"
+
+using namespace fsdp_test;
+using ckpt::ErrorKind;
+
+TEST_CASE("memory and window sources check every range", "[ckpt][io]") {
+  auto src = ckpt::memory_source(bytes_of("0123456789"), "mem");
+  auto win = ckpt::sub_source(src, 2, 5, "member");
+  CHECK(win->name() == "mem[member]");
+  CHECK(win->size() == 5);
+  std::byte b[3];
+  win->read_at(1, b);
+  CHECK(static_cast<char>(b[0]) == '3');
+  REQUIRE(win->view(0, 5).has_value());
+  CHECK_FALSE(win->view(3, 5).has_value());
+  CHECK(ckpt::resolve_window(*win).offset == 2);
+  REQUIRE_THROWS_MATCHES(win->read_at(4, b), ckpt::Error, IsCkptError(ErrorKind::kFormat, 4, "passes the end of the data (5 bytes)"));
+  REQUIRE_THROWS_MATCHES(ckpt::sub_source(src, 8, 5, "x"), ckpt::Error, IsCkptError(ErrorKind::kFormat, 8, "window 'x'"));
+  REQUIRE_THROWS_MATCHES(src->read_vector(4, ~std::uint64_t{0}), ckpt::Error, IsCkptError(ErrorKind::kFormat, 4, "passes the end"));
+}
+
+TEST_CASE("file and mmap sources read the same bytes", "[ckpt][io]") {
+  TestDir dir;
+  std::ofstream(dir / "f") << "hello world";
+  for (auto src : {ckpt::open_file(dir / "f"), ckpt::open_mmap(dir / "f")}) {
+    CHECK(src->size() == 11);
+    CHECK(src->read_vector(6, 5) == bytes_of("world"));
+  }
+  REQUIRE_THROWS_MATCHES(ckpt::open_file(dir / "missing"), ckpt::Error, IsCkptError(ErrorKind::kIo, std::nullopt, "cannot open"));
+  REQUIRE_THROWS_MATCHES(ckpt::open_file(dir.path()), ckpt::Error, IsCkptError(ErrorKind::kIo, std::nullopt, "is a directory"));
+}
+
+TEST_CASE("a file sink is atomic: nothing under the final name before commit, nothing left when abandoned", "[ckpt][io]") {
+  TestDir dir;
+  const auto target = dir / "out.bin";
+  {
+    auto sink = ckpt::open_file_sink(target, ckpt::Overwrite::kNo);
+    sink->write("abc", 3);
+    std::vector<std::byte> big(3u << 20, std::byte{7});
+    sink->write(big);
+    CHECK(sink->offset() == 3 + big.size());
+    CHECK_FALSE(std::filesystem::exists(target));
+  }  // abandoned
+  CHECK_FALSE(std::filesystem::exists(target));
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()) == 0);
+
+  auto sink = ckpt::open_file_sink(target, ckpt::Overwrite::kNo);
+  sink->write("abc", 3);
+  sink->commit();
+  CHECK(read_all(target) == bytes_of("abc"));
+  REQUIRE_THROWS_MATCHES(ckpt::open_file_sink(target, ckpt::Overwrite::kNo), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "output exists already"));
+  auto again = ckpt::open_file_sink(target, ckpt::Overwrite::kYes);
+  again->write("xy", 2);
+  again->commit();
+  CHECK(read_all(target) == bytes_of("xy"));
+}
+
+TEST_CASE("the cursor names the source and the absolute offset", "[ckpt][io]") {
+  auto data = bytes_of("\x01\x02\x03");
+  ckpt::detail::Cursor c(data, "src", 100);
+  CHECK(c.u16le() == 0x0201);
+  CHECK(c.offset() == 102);
+  REQUIRE_THROWS_MATCHES(c.u32le("length"), ckpt::Error, IsCkptError(ErrorKind::kFormat, 102, "length needs 4 bytes, only 1 remain"));
+  REQUIRE_THROWS_MATCHES(ckpt::detail::checked_mul(1ull << 40, 1ull << 40, "s", 5, "size"), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, 5, "size overflows 64 bits"));
+}
+
+TEST_CASE("errors compose source, offset, message and context", "[ckpt][io]") {
+  ckpt::Error e(ErrorKind::kFormat, "ck/__1_0.distcp[item 7]", 4096, "tensor data ends past the item");
+  e.add_context("merging 'layers.0.w'").add_context("writing out.pt");
+  CHECK(std::string(e.what()) ==
+        "ck/__1_0.distcp[item 7]: offset 4096: tensor data ends past the item (while merging 'layers.0.w'; while writing out.pt)");
+  REQUIRE_THROWS_MATCHES(ckpt::internal_error("x"), ckpt::Error, IsCkptError(ErrorKind::kInternal, std::nullopt, "please report"));
+}

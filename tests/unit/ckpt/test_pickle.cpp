@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch.hpp>
+
+#include "ckpt/pickle.hpp"
+#include "support/error_matchers.hpp"
+#include "support/test_support.hpp"
+
+using namespace fsdp_test;
+using namespace std::string_literals;
+using ckpt::ErrorKind;
+namespace pk = ckpt::pickle;
+
+namespace {
+pk::ValuePtr parse(const std::string& s, const pk::ParseOptions& o = {}) { return pk::parse(bytes_of(s), "p", 0, o); }
+std::string str(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+}  // namespace
+
+TEST_CASE("pickle round trip of a built tree, protocols 2 and 4", "[ckpt][pickle]") {
+  auto shared = pk::make_str("shared");
+  auto root = pk::make_dict({{pk::make_str("a"), pk::make_list({pk::make_int(1), pk::make_int(-70000), pk::make_int(std::int64_t{1} << 40)})},
+                             {pk::make_str("b"), shared},
+                             {pk::make_str("c"), shared},
+                             {pk::make_str("t"), pk::make_tuple({pk::make_none(), pk::make_bool(true), pk::make_float(2.5)})},
+                             {pk::make_str("od"), pk::make_ordered_dict({{pk::make_str("k"), pk::make_bytes(std::string("\x00\xff", 2))}})}});
+  for (int proto : {2, 4}) {
+    auto bytes = pk::write(*root, proto);
+    auto back = pk::parse(bytes, "p");
+    if (proto == 4) {
+      CHECK(pk::repr(*back) == pk::repr(*root));
+    } else {  // protocol 2 has no bytes opcode: CPython's form is kept literally
+      CHECK(pk::repr(*back).find("'k': _codecs.encode('\\x00\xc3\xbf', 'latin1')") != std::string::npos);
+    }
+    const auto* items = back->dict_items();
+    REQUIRE(items);
+    CHECK((*items)[1].second.get() == (*items)[2].second.get());  // sharing survives
+    CHECK(pk::write(*back, proto) == bytes);
+  }
+  CHECK(pk::repr(*root) == "{'a': [1, -70000, 1099511627776], 'b': 'shared', 'c': 'shared', 't': (None, True, 2.5), "
+                           "'od': collections.OrderedDict() + {'k': b'\\x00\\xff'}}");
+}
+
+TEST_CASE("CPython's exact encodings for ints, strings and bytes under protocol 2", "[ckpt][pickle]") {
+  // Bytes taken from CPython 3.11 pickle.dumps(x, protocol=2).
+  CHECK(str(pk::write(*pk::make_int(std::int64_t{1} << 40), 2)) == std::string("\x80\x02\x8a\x06\x00\x00\x00\x00\x00\x01.", 11));
+  CHECK(str(pk::write(*pk::make_int(-1), 2)) == std::string("\x80\x02J\xff\xff\xff\xff.", 8));
+  CHECK(str(pk::write(*pk::make_str("ab"), 2)) == std::string("\x80\x02X\x02\x00\x00\x00" "abq\x00.", 12));
+  CHECK(str(pk::write(*pk::make_bytes("a"), 2)) ==
+        std::string("\x80\x02" "c_codecs\nencode\nq\x00X\x01\x00\x00\x00" "aq\x01X\x06\x00\x00\x00latin1q\x02\x86q\x03Rq\x04.", 48));
+  CHECK(str(pk::write(*pk::make_str("ab"), 4)) == std::string("\x80\x04\x95\x06\x00\x00\x00\x00\x00\x00\x00\x8c\x02" "ab\x94.", 17));
+}
+
+TEST_CASE("big ints are kept exactly", "[ckpt][pickle]") {
+  // 2**64 as LONG1 with 9 bytes; -(2**70) with 9 bytes.
+  auto v = parse(std::string("\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.", 14));
+  const auto* i = v->get_if<pk::Int>();
+  REQUIRE(i);
+  CHECK_FALSE(i->fits_int64());
+  CHECK(str(pk::write(*v, 2)) == std::string("\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.", 14));
+  auto m = parse(std::string("\x80\x02\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80.", 13));  // -2**63 fits
+  CHECK(m->int64() == std::numeric_limits<std::int64_t>::min());
+}
+
+TEST_CASE("globals are classified by the one allow-list and never resolved", "[ckpt][pickle]") {
+  CHECK(pk::classify("torch._utils", "_rebuild_tensor_v2") == pk::GlobalKind::kRebuildTensorV2);
+  CHECK(pk::classify("torch", "bfloat16") == pk::GlobalKind::kDType);
+  CHECK(pk::classify("torch", "float") == pk::GlobalKind::kOpaque);  // aliases never pickle
+  CHECK(pk::classify("torch", "HalfStorage") == pk::GlobalKind::kStorageClass);
+  CHECK(pk::classify("torch.distributed._shard.checkpoint.metadata", "Metadata") == pk::GlobalKind::kDcpMetadata);
+  CHECK(pk::classify("torch.distributed.checkpoint.metadata", "MEM_FORMAT_ENCODING") == pk::GlobalKind::kDcpMemoryFormat);
+  CHECK(pk::classify("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties") == pk::GlobalKind::kDcpTensorProperties);
+  CHECK(pk::classify("torch.distributed.checkpoint.filesystem", "_StorageInfo") == pk::GlobalKind::kDcpStorageInfo);
+  CHECK(pk::classify("pathlib._local", "PosixPath") == pk::GlobalKind::kPath);
+  CHECK(pk::classify("os", "system") == pk::GlobalKind::kOpaque);
+  auto v = parse("\x80\x02" "c__builtin__\nset\n)R.");
+  CHECK(v->callable_kind() == pk::GlobalKind::kBuiltinSet);
+  CHECK(v->object()->callable->global()->module == "builtins");
+  auto evil = parse("\x80\x02" "cos\nsystem\nX\x02\x00\x00\x00ls\x85R."s);
+  CHECK(evil->callable_kind() == pk::GlobalKind::kOpaque);
+  CHECK(pk::repr(*evil) == "os.system('ls')");
+  pk::ParseOptions strict;
+  strict.unknown_globals = pk::UnknownGlobals::kRefuse;
+  REQUIRE_THROWS_MATCHES(parse("\x80\x02" "cos\nsystem\nX\x02\x00\x00\x00ls\x85R."s, strict), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, 2, "global 'os.system' is not allowed here"));
+}
+
+TEST_CASE("pickle corruption table", "[ckpt][pickle]") {
+  struct Row {
+    const char* defect;
+    std::string bytes;
+    ErrorKind kind;
+    std::uint64_t offset;
+    const char* message;
+  };
+  const std::vector<Row> rows = {
+      {"empty", "", ErrorKind::kFormat, 0, "empty pickle"},
+      {"no STOP", "\x80\x02N", ErrorKind::kFormat, 3, "without a STOP"},
+      {"bytes after STOP", "N.xyz", ErrorKind::kFormat, 2, "3 bytes follow the STOP"},
+      {"stack underflow", "\x80\x02" "a.", ErrorKind::kFormat, 2, "stack underflow"},
+      {"pop across a mark", "N(a.", ErrorKind::kFormat, 2, "stack underflow"},
+      {"TUPLE without MARK", "t.", ErrorKind::kFormat, 0, "without a preceding MARK"},
+      {"memo index unset", "h\x05.", ErrorKind::kFormat, 0, "memo index 5 is not set"},
+      {"string longer than the data", std::string("X\xff\xff\xff\x7f" "ab", 7), ErrorKind::kFormat, 5, "string needs 2147483647 bytes"},
+      {"LONG4 longer than the data", std::string("\x8b\x00\x00\x00\x10", 5), ErrorKind::kFormat, 5, "LONG4 bytes needs"},
+      {"frame past the end", std::string("\x95\x00\x10\x00\x00\x00\x00\x00\x00N.", 11), ErrorKind::kFormat, 0, "frame of"},
+      {"refused opcode INST", "i__main__\nX\n.", ErrorKind::kUnsupported, 0, "opcode 0x69 is not supported"},
+      {"refused opcode POP", "N0.", ErrorKind::kUnsupported, 1, "opcode 0x30"},
+      {"unknown opcode", "\xff.", ErrorKind::kUnsupported, 0, "opcode 0xff"},
+      {"protocol 6", "\x80\x06N.", ErrorKind::kUnsupported, 0, "protocol 6"},
+      {"invalid UTF-8", std::string("X\x02\x00\x00\x00\xc3\x28.", 8), ErrorKind::kFormat, 0, "not valid UTF-8"},
+      {"APPEND onto a dict", "}Na.", ErrorKind::kFormat, 2, "APPEND onto a dict"},
+      {"SETITEMS odd count", "}(Nu.", ErrorKind::kFormat, 3, "odd number"},
+      {"recursive list", "]q\x00h\x00" "a."s, ErrorKind::kUnsupported, 5, "inside itself"},
+      {"changing a sealed list", "]q\x00\x85h\x00" "Na."s, ErrorKind::kUnsupported, 7, "already inside another value"},
+      {"REDUCE args not a tuple", "cx\ny\nNR.", ErrorKind::kFormat, 6, "expected a tuple"},
+      {"BUILD on an int", "K\x01NN" "b.", ErrorKind::kFormat, 4, "BUILD on a"},
+      {"STACK_GLOBAL of non-strings", "K\x01K\x02\x93.", ErrorKind::kFormat, 4, "two strings"},
+      {"GLOBAL without newline", "cmodule", ErrorKind::kFormat, 1, "no terminating newline"},
+  };
+  for (const auto& row : rows) {
+    SECTION(row.defect) {
+      REQUIRE_THROWS_MATCHES(parse(row.bytes), ckpt::Error, IsCkptError(row.kind, row.offset, row.message));
+    }
+  }
+  SECTION("BINPERSID refused when asked") {
+    pk::ParseOptions o;
+    o.persistent_ids = pk::PersistentIds::kRefuse;
+    REQUIRE_THROWS_MATCHES(parse("NQ.", o), ckpt::Error, IsCkptError(ErrorKind::kFormat, 1, "persistent id"));
+  }
+  SECTION("nesting deeper than the limit") {
+    std::string deep;
+    for (int i = 0; i < pk::kMaxDepth + 5; ++i) deep += "]";
+    for (int i = 0; i < pk::kMaxDepth + 4; ++i) deep += "a";
+    deep += ".";
+    REQUIRE_THROWS_MATCHES(parse(deep), ckpt::Error, IsCkptError(ErrorKind::kFormat, std::nullopt, "nest deeper than 1000"));
+  }
+}
