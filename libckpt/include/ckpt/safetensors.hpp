@@ -46,7 +46,7 @@ struct SafetensorsFile {
 /// kUnsupported (a dtype string we know of but cannot represent).
 SafetensorsFile read_safetensors(SourcePtr source);
 
-/// Whether `source` looks like safetensors: a plausible N followed by '{'.
+/// Whether `source` looks like safetensors: 8 bytes of header length, then '{'.
 bool looks_like_safetensors(const ByteSource& source);
 
 struct SafetensorsEntry {

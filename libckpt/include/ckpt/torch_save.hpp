@@ -61,6 +61,8 @@ struct TorchSaveFile {
   pickle::ValuePtr root;               ///< the saved object, lossless
   std::vector<TorchStorage> storages;  ///< in order of first reference
   std::vector<TorchTensor> tensors;    ///< in pickle order; a tensor referenced twice appears twice
+  /// The other leaves of the tree (ints, strings, objects of other classes), named like tensors.
+  std::vector<std::pair<std::string, pickle::ValuePtr>> objects;
   std::map<std::string, std::size_t> storage_index;  ///< key -> index
 };
 

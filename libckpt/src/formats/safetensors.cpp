@@ -286,9 +286,8 @@ bool looks_like_safetensors(const ByteSource& source) {
   if (source.size() < 9) return false;
   std::byte head[9];
   source.read_at(0, head);
-  std::uint64_t n = 0;
-  std::memcpy(&n, head, 8);
-  return n <= kMaxHeader && n + 8 <= source.size() && head[8] == std::byte{'{'};
+  // The header length is checked by the reader (with a precise message), not here.
+  return head[8] == std::byte{'{'};
 }
 
 SafetensorsFile read_safetensors(SourcePtr source) {

@@ -68,19 +68,20 @@ class TreeReader {
       file_.tensors.push_back(std::move(*t));
       return;
     }
-    const bool container = v->is<pickle::Dict>() || v->is<pickle::List>() || v->is<pickle::Tuple>() || v->object();
-    if (!container) return;
+    const auto* items = v->dict_items();
+    const auto* seq = v->sequence();
+    const pickle::Object* o = items ? nullptr : v->object();
+    const bool walkable = items || seq || (o && (!o->list_items.empty() || !o->dict_items.empty() || (o->state && o->state->dict_items())));
+    if (!walkable) {
+      file_.objects.emplace_back(path, v);
+      return;
+    }
     if (!visited_.insert(v.get()).second) return;  // shared containers are listed once
-    if (const auto* items = v->dict_items()) {
+    if (items) {
       for (const auto& [k, x] : *items) walk(x, join(path, key_text(*k)));
-      if (const auto* o = v->object(); o && o->state) walk_state(o->state, path);
-      return;
-    }
-    if (const auto* seq = v->sequence()) {
+    } else if (seq) {
       for (std::size_t i = 0; i < seq->size(); ++i) walk((*seq)[i], join(path, std::to_string(i)));
-      return;
-    }
-    if (const auto* o = v->object()) {
+    } else {
       for (std::size_t i = 0; i < o->list_items.size(); ++i) walk(o->list_items[i], join(path, std::to_string(i)));
       for (const auto& [k, x] : o->dict_items) walk(x, join(path, key_text(*k)));
       if (o->state) walk_state(o->state, path);

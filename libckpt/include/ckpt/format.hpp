@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0
+// Which checkpoint format a path holds, decided from its content, never from its name.
+#pragma once
+
+#include <filesystem>
+#include <string_view>
+
+namespace ckpt {
+
+enum class Format { kTorchSave, kSafetensors, kSafetensorsIndex, kDcp, kLightningSharded, kHdf5, kUnknown };
+
+/// "torch-save", "safetensors", "dcp", ... (the names `fsdp-ckpt-inspect --json` prints).
+std::string_view to_string(Format format) noexcept;
+
+/// Looks at the first bytes of a file, or at the entries of a directory. Throws ckpt::Error kIo
+/// when `path` cannot be read.
+Format detect_format(const std::filesystem::path& path);
+
+}  // namespace ckpt

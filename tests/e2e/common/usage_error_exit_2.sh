@@ -1,0 +1,1 @@
+"$FSDP_CKPT_INSPECT" --no-such-option x

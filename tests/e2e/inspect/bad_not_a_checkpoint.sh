@@ -1,0 +1,2 @@
+echo "hello" > notes.txt
+"$FSDP_CKPT_INSPECT" notes.txt

@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: Apache-2.0
+// What every tool's command line shares: --version text, the footer, parsing with exit code 2 for
+// usage errors, and the byte-size parser (kB/MB/GB decimal, KiB/MiB/GiB binary).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace fsdp_tools {
+
+/// "<program> <version> (<git describe>)".
+std::string version_text(std::string_view program);
+
+/// Sets the description, the "See <program>(1)." footer and --version on `app`.
+void setup_app(CLI::App& app, std::string_view program, std::string_view description);
+
+/// Parses argv; returns std::nullopt to go on, or the exit code: 0 after --help/--version, 2 after
+/// a usage error (message on stderr).
+std::optional<int> parse(CLI::App& app, int argc, const char* const* argv);
+
+/// "512", "64MB", "1.5GiB" -> bytes. Throws CLI::ValidationError on anything else.
+std::uint64_t parse_byte_size(std::string_view text);
+
+}  // namespace fsdp_tools

@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+// run_tool: the one place where exceptions become messages and exit codes (0 ok, 1 runtime error).
+#pragma once
+
+#include <functional>
+#include <string_view>
+
+namespace fsdp_tools {
+
+/// Runs `body`; prints `<program>: error: <what>` to stderr and returns 1 on any exception.
+/// `body` returns the exit status (0, or 1 for "verification failed" style results).
+int run_tool(std::string_view program, const std::function<int()>& body);
+
+}  // namespace fsdp_tools
