@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+// libFuzzer target: the safetensors header reader; every tensor it accepts must be readable.
+#include <cstddef>
+#include <cstdint>
+
+#include "ckpt/error.hpp"
+#include "ckpt/safetensors.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
+  try {
+    auto f = ckpt::read_safetensors(ckpt::borrowed_source(bytes, "fuzz.safetensors"));
+    for (const auto& t : f.tensors) (void)t.data->read_vector(0, t.data->size());
+  } catch (const ckpt::Error& e) {
+    if (e.kind() == ckpt::ErrorKind::kInternal) __builtin_trap();
+  }
+  return 0;
+}
