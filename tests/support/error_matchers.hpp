@@ -3,9 +3,12 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <cstddef>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "ckpt/error.hpp"
 
@@ -31,6 +34,29 @@ class IsCkptError : public Catch::MatcherBase<ckpt::Error> {
   std::optional<std::uint64_t> offset_;
   std::string substring_;
 };
+
+/// One row of a corruption table: a defect made by patching a copy of a good file, and the error
+/// the reader must raise for it.
+struct PatchRow {
+  const char* defect;
+  std::function<void(std::vector<std::byte>&)> patch;
+  ckpt::ErrorKind kind;
+  std::optional<std::uint64_t> offset;
+  const char* message;
+};
+
+/// Runs each row as its own SECTION: patch a copy of `good`, then `read(bytes)` must throw the
+/// row's error.
+template <typename Read>
+void run_patch_table(const std::vector<std::byte>& good, const std::vector<PatchRow>& rows, Read read) {
+  for (const auto& row : rows) {
+    SECTION(row.defect) {
+      auto bad = good;
+      row.patch(bad);
+      REQUIRE_THROWS_MATCHES(read(bad), ckpt::Error, IsCkptError(row.kind, row.offset, row.message));
+    }
+  }
+}
 
 }  // namespace fsdp_test
 

@@ -146,9 +146,16 @@ void print_text(const Summary& s, std::ostream& out) {
   std::vector<const Entry*> order;
   for (const auto& e : s.entries) order.push_back(&e);
   std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  // Columns are counted in code points, so that non-ASCII names line up.
+  auto width = [](const std::string& t) {
+    return static_cast<std::size_t>(std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xc0) != 0x80; }));
+  };
   std::size_t w = 4;
-  for (auto* e : order) w = std::max(w, escape_name(e->name).size());
-  auto pad = [](std::string t, std::size_t n) { return t.size() >= n ? t + " " : t + std::string(n - t.size() + 1, ' '); };
+  for (auto* e : order) w = std::max(w, width(escape_name(e->name)));
+  auto pad = [&](std::string t, std::size_t n) {
+    const std::size_t tw = width(t);
+    return tw >= n ? t + " " : t + std::string(n - tw + 1, ' ');
+  };
   out << pad("NAME", w) << pad("KIND", 6) << pad("DTYPE", 10) << pad("SHAPE", 16) << pad("NUMEL", 12) << pad("BYTES", 12) << "CHUNKS\n";
   for (auto* e : order) {
     if (e->kind == "tensor") {

@@ -83,14 +83,7 @@ TEST_CASE("committed fixture: torch 1.13's worked example", "[ckpt][torch_save]"
 TEST_CASE("torch.save corruption table", "[ckpt][torch_save]") {
   const auto good = build_sample();
   const std::size_t pkl_at = 64;  // data.pkl's payload, first record
-  struct Row {
-    const char* defect;
-    std::function<void(std::vector<std::byte>&)> patch;
-    ErrorKind kind;
-    std::optional<std::uint64_t> offset;
-    const char* message;
-  };
-  const std::vector<Row> rows = {
+  const std::vector<PatchRow> rows = {
       {"not a zip", [](auto& b) { b[0] = std::byte{'X'}; }, ErrorKind::kFormat, 0, "not a torch.save file"},
       {"legacy pickle", [](auto& b) { b.assign({std::byte{0x80}, std::byte{2}, std::byte{'N'}, std::byte{'.'}}); },
        ErrorKind::kUnsupported, 0, "legacy torch.save format"},
@@ -111,14 +104,8 @@ TEST_CASE("torch.save corruption table", "[ckpt][torch_save]") {
       {"persistent id tag", [&](auto& b) { b[find(b, "storage", pkl_at)] = std::byte{'S'}; }, ErrorKind::kFormat, std::nullopt,
        "persistent id tag is not 'storage'"},
   };
-  for (const auto& row : rows) {
-    SECTION(row.defect) {
-      auto bad = good;
-      row.patch(bad);
-      REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(bad, "mem.pt")), ckpt::Error,
-                             IsCkptError(row.kind, row.offset, row.message));
-    }
-  }
+  run_patch_table(good, rows, [](const std::vector<std::byte>& bad) { return ckpt::read_torch_save(ckpt::memory_source(bad, "mem.pt")); });
+
 }
 
 TEST_CASE("a tiny file that claims a huge storage fails before allocating", "[ckpt][torch_save]") {
