@@ -127,7 +127,10 @@ def test_reader_on_torch_files():
 def test_resave_is_byte_identical_to_torch():
     # torch 1.13 writes data.pkl, data/*, version; our writer in that layout, given the tree we
     # read, must reproduce the file byte for byte (pickle, zip headers, padding, CRCs, end records).
-    for fname, obj in torch_files().items():
+    files = torch_files()
+    # a quantized tensor: not listed as a tensor by our reader, but its storage must survive a re-save
+    files["quantized.pt"] = {"q": torch.quantize_per_tensor(torch.arange(4.0), 0.5, 2, torch.qint8), "w": torch.ones(2)}
+    for fname, obj in files.items():
         src = os.path.join(work, "ident_" + fname)
         buf = io.BytesIO()
         torch.save(obj, buf)  # a stream: archive name 'archive'

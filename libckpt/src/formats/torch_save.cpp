@@ -88,7 +88,53 @@ class TreeReader {
     }
   }
 
+  // Storages that only tensors of kinds we do not list reference (quantized, sparse, subclasses)
+  // are registered too, so that the file can be written back whole.
+  void register_remaining_storages(const ValuePtr& root) {
+    std::unordered_set<const Value*> seen;
+    std::vector<const Value*> todo{root.get()};
+    while (!todo.empty()) {
+      const Value* v = todo.back();
+      todo.pop_back();
+      if (!v || !seen.insert(v).second) continue;
+      std::visit(
+          [&](const auto& p) {
+            using T = std::decay_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, pickle::List> || std::is_same_v<T, pickle::Tuple> ||
+                          std::is_same_v<T, pickle::Set> || std::is_same_v<T, pickle::FrozenSet>) {
+              for (const auto& c : p.items) todo.push_back(c.get());
+            } else if constexpr (std::is_same_v<T, pickle::Dict>) {
+              for (const auto& [k, x] : p.items) {
+                todo.push_back(k.get());
+                todo.push_back(x.get());
+              }
+            } else if constexpr (std::is_same_v<T, std::unique_ptr<pickle::Object>>) {
+              for (const ValuePtr* c : {&p->callable, &p->args, &p->kwargs, &p->state}) todo.push_back(c->get());
+              for (const auto& c : p->list_items) todo.push_back(c.get());
+              for (const auto& [k, x] : p->dict_items) {
+                todo.push_back(k.get());
+                todo.push_back(x.get());
+              }
+            } else if constexpr (std::is_same_v<T, pickle::PersistentId>) {
+              register_storage(*v, p);
+            }
+          },
+          v->payload);
+    }
+  }
+
  private:
+  void register_storage(const Value& node, const pickle::PersistentId& p) {
+    const auto* pid = p.pid ? p.pid->sequence() : nullptr;
+    if (!pid || pid->size() != 5 || !(*pid)[2]->str()) return;
+    if (file_.storage_index.count(*(*pid)[2]->str())) return;
+    const pickle::Global* cls = (*pid)[1]->global();
+    std::optional<DType> dtype;
+    if (cls && cls->kind == GlobalKind::kUntypedStorage) dtype = DType::kUInt8;  // bytes, dtype unknown here
+    std::shared_ptr<Value> holder(std::shared_ptr<Value>{}, const_cast<Value*>(&node));
+    storage(node, holder, dtype);
+  }
+
   void walk_state(const ValuePtr& state, const std::string& path) {
     if (const auto* items = state->dict_items()) {
       for (const auto& [k, x] : *items) walk(x, join(path, key_text(*k)));
@@ -349,6 +395,10 @@ TorchSaveFile read_torch_save(SourcePtr source) {
                   "byteorder record is '" + text.substr(0, 20) + "', expected 'little' or 'big'");
     }
   }
+  if (const detail::ZipEntry* c = zip.find(prefix + "constants.pkl")) {
+    throw Error(ErrorKind::kUnsupported, source->name(), c->local_header_offset,
+                "this is a TorchScript archive (it has constants.pkl), not a torch.save checkpoint");
+  }
   const detail::ZipEntry* pkl = zip.find(prefix + "data.pkl");
   if (!pkl) throw Error(ErrorKind::kFormat, source->name(), zip.eocd_offset(), "archive has no '" + prefix + "data.pkl' record");
   SourcePtr pkl_src = zip.open(*pkl);
@@ -361,7 +411,9 @@ TorchSaveFile read_torch_save(SourcePtr source) {
     bytes = owned;
   }
   file.root = pickle::parse(bytes, pkl_src->name());
-  TreeReader(file, zip, pkl_src->name()).walk(file.root, "");
+  TreeReader reader(file, zip, pkl_src->name());
+  reader.walk(file.root, "");
+  reader.register_remaining_storages(file.root);
   return file;
 }
 

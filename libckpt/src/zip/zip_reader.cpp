@@ -36,8 +36,13 @@ ZipReader::ZipReader(SourcePtr source) : source_(std::move(source)) {
   const std::vector<std::byte> tail = src.read_vector(tail_at, tail_len);
   std::optional<std::uint64_t> eocd;
   for (std::uint64_t i = tail_len - kEocdSize + 1; i-- > 0;) {
-    Cursor c(std::span<const std::byte>(tail).subspan(static_cast<std::size_t>(i)), name, tail_at + i);
-    if (c.u32le() != kEocdSig) continue;
+    const auto at = static_cast<std::size_t>(i);
+    if (tail[at] != std::byte{0x50} || tail[at + 1] != std::byte{0x4b} || tail[at + 2] != std::byte{0x05} ||
+        tail[at + 3] != std::byte{0x06}) {
+      continue;
+    }
+    Cursor c(std::span<const std::byte>(tail).subspan(at), name, tail_at + i);
+    c.skip(4);
     c.skip(16);
     const std::uint16_t comment = c.u16le();
     if (i + kEocdSize + comment == tail_len) {
