@@ -7,18 +7,21 @@
 //   ckpt_probe resave IN OUT LAYOUT NAME  read a torch.save file, write it again (LAYOUT: current|1.13)
 //   ckpt_probe write-sample OUT           a torch.save file built with TorchSaveBuilder (see sample.hpp)
 //   ckpt_probe write-safetensors-sample OUT
+//   ckpt_probe dump-checkpoint PATH       JSON: every tensor assembled from its chunks (hex, C order), every object's repr
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
 #include "ckpt/pickle.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
 #include "interop/sample.hpp"
+#include "ops/elements.hpp"
 
 namespace {
 
@@ -100,6 +103,47 @@ int dump_safetensors(const std::string& path) {
   return 0;
 }
 
+int dump_checkpoint(const std::string& path) {
+  const ckpt::Checkpoint c = ckpt::open_checkpoint(path);
+  const ckpt::ChunkReader reader(c);
+  json j;
+  j["format"] = std::string(ckpt::to_string(c.format));
+  j["world_size"] = c.world_size ? json(*c.world_size) : json(nullptr);
+  json tensors = json::array();
+  for (const auto& t : c.tensors) {
+    const std::size_t es = ckpt::element_size(t.dtype);
+    std::vector<std::byte> full(t.numel() * es);
+    std::vector<bool> covered(t.numel(), false);
+    const auto gstride = ckpt::contiguous_strides(t.shape);
+    for (const auto& ch : t.chunks) {
+      const ckpt::ChunkData d = reader.read(t, ch);
+      const auto lstride = ckpt::contiguous_strides(ch.sizes);
+      ckpt::detail::for_each_element(d, [&](std::uint64_t i, const std::byte* p) {
+        std::uint64_t g = 0, rest = i;
+        for (std::size_t k = 0; k < ch.sizes.size(); ++k) {
+          const auto idx = rest / static_cast<std::uint64_t>(lstride[k]);
+          rest %= static_cast<std::uint64_t>(lstride[k]);
+          g += (idx + static_cast<std::uint64_t>(ch.offsets[k])) * static_cast<std::uint64_t>(gstride[k]);
+        }
+        std::memcpy(full.data() + g * es, p, es);
+        covered[g] = true;
+      });
+    }
+    tensors.push_back({{"name", t.name}, {"dtype", ckpt::name(t.dtype)}, {"shape", t.shape}, {"chunks", t.chunks.size()},
+                       {"covered", std::count(covered.begin(), covered.end(), true)}, {"hex", hex(full)}});
+  }
+  j["tensors"] = tensors;
+  json objects = json::array();
+  for (const auto& o : c.objects) {
+    auto v = reader.object_value(o);
+    objects.push_back({{"name", o.name}, {"repr", v ? ckpt::pickle::repr(*v, 1u << 16) : ""}});
+  }
+  j["objects"] = objects;
+  j["notes"] = c.notes;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
 int repickle(const std::string& in, const std::string& out, int protocol) {
   auto src = ckpt::open_file(in);
   auto bytes = src->read_vector(0, src->size());
@@ -130,6 +174,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "dump-torch" && argc == 3) return dump_torch(argv[2]);
     if (cmd == "dump-safetensors" && argc == 3) return dump_safetensors(argv[2]);
+    if (cmd == "dump-checkpoint" && argc == 3) return dump_checkpoint(argv[2]);
     if (cmd == "repickle" && argc == 5) return repickle(argv[2], argv[3], std::stoi(argv[4]));
     if (cmd == "resave" && argc == 6) return resave(argv[2], argv[3], argv[4], argv[5]);
     if (cmd == "write-sample" && argc == 3) {

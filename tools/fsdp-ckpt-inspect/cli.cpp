@@ -5,20 +5,61 @@
 
 namespace fsdp_tools {
 
-std::unique_ptr<CLI::App> make_inspect_app(InspectCliOptions& o) {
-  auto app = std::make_unique<CLI::App>();
-  app->name("fsdp-ckpt-inspect");
-  setup_app(*app, "fsdp-ckpt-inspect",
-            "Show what a checkpoint holds (torch.save zip or safetensors file), without loading tensor data.");
-  app->add_option("path", o.path, "checkpoint file to inspect; the format is detected from its content")
-      ->required()
-      ->check(CLI::ExistingPath);
-  app->add_flag("--json", o.json, "print one JSON object (schema 1) instead of the table");
-  return app;
+InspectCommand InspectApp::command() const {
+  if (verify->parsed()) return InspectCommand::kVerify;
+  if (stats->parsed()) return InspectCommand::kStats;
+  if (diff->parsed()) return InspectCommand::kDiff;
+  return InspectCommand::kInspect;
 }
 
-ckpt::InspectOptions to_library(const InspectCliOptions& o) {
-  return {o.path, o.json ? ckpt::OutputFormat::kJson : ckpt::OutputFormat::kText};
+InspectApp make_inspect_app(InspectCliOptions& o) {
+  InspectApp a;
+  a.app = std::make_unique<CLI::App>();
+  CLI::App& app = *a.app;
+  app.name("fsdp-ckpt-inspect");
+  setup_app(app, "fsdp-ckpt-inspect",
+            "Show what a checkpoint holds (DCP or Lightning directory, torch.save zip, safetensors), "
+            "without loading tensor data; verify, summarize and compare checkpoints.");
+  app.add_option("path", o.path, "checkpoint to inspect; the format is detected from its content")->check(CLI::ExistingPath);
+  app.add_flag("--json", o.json, "print one JSON object (schema 1) instead of the table");
+  app.add_option("--tensor", o.tensor_glob, "show only entries matching this glob, with their whole chunk grid");
+  app.add_flag("--meta", o.meta, "also print meta.pt, common.pt, .metadata and non-tensor items as trees");
+  app.require_subcommand(0, 1);
+
+  a.verify = app.add_subcommand("verify", "check that a checkpoint is complete and readable; exit 1 on any problem");
+  a.verify->add_option("path", o.verify_path, "checkpoint to verify")->required()->check(CLI::ExistingPath);
+  a.verify->add_flag("--deep", o.deep, "also read every byte, checking CRC-32s where the format records them");
+  a.verify->add_flag("--json", o.json, "print one JSON object instead of text");
+  a.verify->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+
+  a.stats = app.add_subcommand("stats", "per-tensor min, max, mean, std, max-abs, NaN and Inf counts");
+  a.stats->add_option("path", o.stats_path, "checkpoint to read")->required()->check(CLI::ExistingPath);
+  a.stats->add_option("--tensor", o.tensor_glob, "only tensors matching this glob");
+  a.stats->add_option("-j,--threads", o.threads, "threads to use (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
+  a.stats->add_flag("--json", o.json, "print one JSON object instead of the table");
+  a.stats->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+
+  a.diff = app.add_subcommand("diff", "compare two checkpoints of any formats; exit 1 when they differ");
+  a.diff->add_option("a", o.diff_a, "first checkpoint")->required()->check(CLI::ExistingPath);
+  a.diff->add_option("b", o.diff_b, "second checkpoint")->required()->check(CLI::ExistingPath);
+  a.diff->add_option("--atol", o.atol, "absolute tolerance (default 0)")->check(CLI::NonNegativeNumber);
+  a.diff->add_option("--rtol", o.rtol, "relative tolerance (default 0)")->check(CLI::NonNegativeNumber);
+  a.diff->add_flag("--json", o.json, "print one JSON object instead of text");
+  a.diff->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+
+  app.callback([&app, &o] {
+    if (app.get_subcommands().empty() && o.path.empty()) throw CLI::RequiredError("path");
+  });
+  return a;
 }
+
+static ckpt::OutputFormat format_of(const InspectCliOptions& o) { return o.json ? ckpt::OutputFormat::kJson : ckpt::OutputFormat::kText; }
+
+ckpt::InspectOptions to_inspect(const InspectCliOptions& o) { return {o.path, format_of(o), o.tensor_glob, o.meta}; }
+ckpt::VerifyOptions to_verify(const InspectCliOptions& o) {
+  return {o.verify_path, o.deep ? ckpt::VerifyDepth::kDeep : ckpt::VerifyDepth::kStructure, format_of(o)};
+}
+ckpt::StatsOptions to_stats(const InspectCliOptions& o) { return {o.stats_path, o.tensor_glob, format_of(o), o.threads}; }
+ckpt::DiffOptions to_diff(const InspectCliOptions& o) { return {o.diff_a, o.diff_b, o.atol, o.rtol, format_of(o)}; }
 
 }  // namespace fsdp_tools

@@ -13,9 +13,36 @@ namespace fsdp_tools {
 struct InspectCliOptions {
   std::string path;
   bool json = false;
+  std::string tensor_glob;
+  bool meta = false;
+  bool quiet = false;
+  // verify
+  std::string verify_path;
+  bool deep = false;
+  // stats
+  std::string stats_path;
+  unsigned threads = 0;
+  // diff
+  std::string diff_a, diff_b;
+  double atol = 0.0, rtol = 0.0;
 };
 
-std::unique_ptr<CLI::App> make_inspect_app(InspectCliOptions& options);
-ckpt::InspectOptions to_library(const InspectCliOptions& options);
+enum class InspectCommand { kInspect, kVerify, kStats, kDiff };
+
+struct InspectApp {
+  std::unique_ptr<CLI::App> app;
+  CLI::App* verify = nullptr;
+  CLI::App* stats = nullptr;
+  CLI::App* diff = nullptr;
+  /// Which command the parsed argv asked for.
+  InspectCommand command() const;
+};
+
+InspectApp make_inspect_app(InspectCliOptions& options);
+
+ckpt::InspectOptions to_inspect(const InspectCliOptions& o);
+ckpt::VerifyOptions to_verify(const InspectCliOptions& o);
+ckpt::StatsOptions to_stats(const InspectCliOptions& o);
+ckpt::DiffOptions to_diff(const InspectCliOptions& o);
 
 }  // namespace fsdp_tools

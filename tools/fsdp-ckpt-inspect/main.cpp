@@ -3,15 +3,23 @@
 #include <iostream>
 
 #include "common/cli_common.hpp"
+#include "common/progress_bar.hpp"
 #include "common/run_tool.hpp"
 #include "fsdp-ckpt-inspect/cli.hpp"
 
 int main(int argc, char** argv) {
   fsdp_tools::InspectCliOptions options;
   auto app = fsdp_tools::make_inspect_app(options);
-  if (auto code = fsdp_tools::parse(*app, argc, argv)) return *code;
+  if (auto code = fsdp_tools::parse(*app.app, argc, argv)) return *code;
   return fsdp_tools::run_tool("fsdp-ckpt-inspect", [&] {
-    ckpt::inspect(fsdp_tools::to_library(options), std::cout);
+    fsdp_tools::ProgressBar progress(options.quiet || options.json);
+    switch (app.command()) {
+      case fsdp_tools::InspectCommand::kVerify: return ckpt::verify(fsdp_tools::to_verify(options), std::cout, progress) ? 0 : 1;
+      case fsdp_tools::InspectCommand::kStats: ckpt::stats(fsdp_tools::to_stats(options), std::cout, progress); return 0;
+      case fsdp_tools::InspectCommand::kDiff: return ckpt::diff(fsdp_tools::to_diff(options), std::cout, progress) ? 0 : 1;
+      case fsdp_tools::InspectCommand::kInspect: break;
+    }
+    ckpt::inspect(fsdp_tools::to_inspect(options), std::cout);
     return 0;
   });
 }

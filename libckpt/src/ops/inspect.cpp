@@ -1,206 +1,196 @@
 // SPDX-License-Identifier: Apache-2.0
-// inspect: one summary model for every format, printed as a table or as JSON schema 1.
-#include "ckpt/ops/inspect.hpp"
-
+// inspect: the Checkpoint index printed as a summary and a table, or as JSON schema 1.
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <ostream>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
-#include "ckpt/format.hpp"
-#include "ckpt/io.hpp"
-#include "ckpt/safetensors.hpp"
-#include "ckpt/torch_save.hpp"
+#include "ckpt/ops/inspect.hpp"
+#include "ops/text.hpp"
 
 namespace ckpt {
 namespace {
 
+using detail::pad;
+using detail::shape_text;
 using nlohmann::ordered_json;
 
-struct Chunk {
-  std::vector<std::int64_t> offsets, sizes;
-  std::string file;
-  std::uint64_t offset = 0, length = 0;
-};
-
-struct Entry {
-  std::string name;
-  std::string kind;  // tensor | bytes | object
-  std::optional<DType> dtype;
-  std::vector<std::int64_t> shape;
-  std::uint64_t nbytes = 0;
-  std::vector<Chunk> chunks;
-  std::string value;  // objects: a repr
-};
-
-struct Summary {
-  Format format = Format::kUnknown;
-  std::string writer;
-  std::optional<int> world_size;
-  std::vector<std::pair<std::string, std::uint64_t>> files;
-  std::vector<Entry> entries;
-  std::vector<std::pair<std::string, std::string>> metadata;
-};
-
-std::vector<std::int64_t> contiguous_shape(const std::vector<std::uint64_t>& s) {
-  return {s.begin(), s.end()};
-}
-
-Summary from_torch_save(const std::filesystem::path& path) {
-  SourcePtr src = open_mmap(path);
-  TorchSaveFile f = read_torch_save(src);
-  Summary s;
-  s.format = Format::kTorchSave;
-  auto has = [&](std::string_view r) { return std::find(f.records.begin(), f.records.end(), r) != f.records.end(); };
-  // spec/FORMATS.md §2.5: which releases write which records.
-  if (has(".storage_alignment")) s.writer = "torch >= 2.6";
-  else if (has(".format_version")) s.writer = "torch >= 2.2";
-  else if (has(".data/serialization_id")) s.writer = "torch >= 2.2";
-  else if (has("byteorder")) s.writer = "torch >= 2.1";
-  else s.writer = "torch 1.6 - 2.0";
-  s.files.emplace_back(path.string(), src->size());
-  for (const TorchTensor& t : f.tensors) {
-    const TorchStorage& st = f.storages[t.storage];
-    const std::size_t es = element_size(t.dtype);
-    Entry e{t.name, "tensor", t.dtype, t.shape, t.numel() * es, {}, {}};
-    Chunk c;
-    c.offsets.assign(t.shape.size(), 0);
-    c.sizes = t.shape;
-    c.file = path.string();
-    const Window w = resolve_window(*st.data);
-    c.offset = w.offset + static_cast<std::uint64_t>(t.storage_offset) * es;
-    std::uint64_t span = t.numel() ? 1 : 0;
-    for (std::size_t d = 0; d < t.shape.size() && t.numel(); ++d) span += static_cast<std::uint64_t>((t.shape[d] - 1) * t.stride[d]);
-    c.length = span * es;
-    e.chunks.push_back(std::move(c));
-    s.entries.push_back(std::move(e));
-  }
-  for (const auto& [name, v] : f.objects) {
-    s.entries.push_back({name, "object", std::nullopt, {}, 0, {}, pickle::repr(*v, 200)});
-  }
-  return s;
-}
-
-Summary from_safetensors(const std::filesystem::path& path) {
-  SourcePtr src = open_mmap(path);
-  SafetensorsFile f = read_safetensors(src);
-  Summary s;
-  s.format = Format::kSafetensors;
-  s.writer = "safetensors";
-  s.files.emplace_back(path.string(), src->size());
-  s.metadata = f.metadata;
-  for (const auto& t : f.tensors) {
-    Entry e{t.name, "tensor", t.dtype, contiguous_shape(t.shape), t.end - t.begin, {}, {}};
-    e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), e.shape, path.string(), t.begin, t.end - t.begin});
-    s.entries.push_back(std::move(e));
-  }
-  return s;
-}
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
-std::string group_of(const Entry& e) {
-  if (e.kind != "tensor") return "other";
-  const std::string first = e.name.substr(0, e.name.find('.'));
+// Which part of a training state an entry belongs to, from its first key.
+std::string group_of(const std::string& name, bool tensor) {
+  const std::string first = name.substr(0, name.find('.'));
   if (first.starts_with("optim")) return "optimizer";
+  if (!tensor) return "other";
   return "model";
 }
 
-void print_text(const Summary& s, std::ostream& out) {
-  out << "format:    " << to_string(s.format) << " (looks like " << s.writer << ")\n";
-  out << "world:     " << (s.world_size ? std::to_string(*s.world_size) : std::string("-")) << "\n";
-  for (const auto& [p, size] : s.files) out << "file:      " << escape_name(p) << " (" << size << " bytes)\n";
-  std::size_t tensors = 0;
-  std::map<std::string, std::pair<std::size_t, std::uint64_t>> by_dtype, by_group;
-  for (const auto& e : s.entries) {
-    auto& g = by_group[group_of(e)];
-    ++g.first;
-    g.second += e.nbytes;
-    if (e.kind != "tensor") continue;
-    ++tensors;
-    auto& d = by_dtype[std::string(name(*e.dtype))];
-    ++d.first;
-    d.second += e.nbytes;
+std::vector<const TensorEntry*> sorted_tensors(const Checkpoint& c, const std::string& glob) {
+  std::vector<const TensorEntry*> out;
+  for (const auto& t : c.tensors) {
+    if (detail::glob_match(glob, t.name)) out.push_back(&t);
   }
-  out << "entries:   " << s.entries.size() << " (" << tensors << " tensors, " << s.entries.size() - tensors << " other)\n";
-  for (const auto& [d, c] : by_dtype) out << "bytes:     " << d << " " << c.second << " in " << c.first << " tensors\n";
-  out << "split:    ";
-  for (const char* g : {"model", "optimizer", "other"}) {
-    auto it = by_group.find(g);
-    out << " " << g << " " << (it == by_group.end() ? 0 : it->second.first);
+  std::stable_sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  return out;
+}
+std::vector<const ObjectEntry*> sorted_objects(const Checkpoint& c, const std::string& glob) {
+  std::vector<const ObjectEntry*> out;
+  for (const auto& o : c.objects) {
+    if (detail::glob_match(glob, o.name)) out.push_back(&o);
   }
-  out << "\n";
-  out << "metadata:  ";
-  if (s.metadata.empty()) out << "-";
-  for (std::size_t i = 0; i < s.metadata.size(); ++i) out << (i ? ", " : "") << escape_name(s.metadata[i].first);
-  out << "\n\n";
-  std::vector<const Entry*> order;
-  for (const auto& e : s.entries) order.push_back(&e);
-  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  // Columns are counted in code points, so that non-ASCII names line up.
-  auto width = [](const std::string& t) {
-    return static_cast<std::size_t>(std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xc0) != 0x80; }));
-  };
+  std::stable_sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  return out;
+}
+
+std::string object_text(const ObjectEntry& o) {
+  if (o.value) return pickle::repr(*o.value, 200);
+  if (o.item) return "(bytes item, " + std::to_string(o.item->length) + " bytes)";
+  return "(no storage)";
+}
+
+// A tree rendering for --meta: mappings and sequences one entry per line, the rest as repr.
+void pretty(const pickle::Value& v, std::ostream& out, int indent) {
+  const std::string pad_s(static_cast<std::size_t>(indent) * 2, ' ');
+  if (const auto* items = v.dict_items()) {
+    if (items->empty()) {
+      out << "{}";
+      return;
+    }
+    out << (v.object() ? "OrderedDict {\n" : "{\n");
+    for (const auto& [k, x] : *items) {
+      out << pad_s << "  " << escape_name(pickle::repr(*k, 200)) << ": ";
+      pretty(*x, out, indent + 1);
+      out << "\n";
+    }
+    out << pad_s << "}";
+    return;
+  }
+  if (const pickle::Object* o = v.object(); o && o->state && o->state->dict_items() && indent < 64) {
+    // An object of a class we may not know: its class and state, never executed.
+    out << escape_name(v.type_name().substr(7)) << " ";
+    pretty(*o->state, out, indent);
+    return;
+  }
+  out << escape_name(pickle::repr(v, 400));
+}
+
+void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& out) {
+  const auto tensors = sorted_tensors(c, opt.tensor_glob);
+  const auto objects = sorted_objects(c, opt.tensor_glob);
+  if (opt.tensor_glob.empty()) {
+    out << "format:    " << to_string(c.format) << " (looks like " << c.writer << ")\n";
+    out << "world:     " << (c.world_size ? std::to_string(*c.world_size) : std::string("-")) << "\n";
+    for (const auto& f : c.files) {
+      out << "file:      " << escape_name(f.relative) << " ("
+          << (f.size ? std::to_string(*f.size) + " bytes" : std::string("MISSING")) << ")\n";
+    }
+    std::map<std::string, std::pair<std::size_t, std::uint64_t>> by_dtype;
+    std::map<std::string, std::size_t> by_group;
+    for (const auto& t : c.tensors) {
+      auto& d = by_dtype[std::string(name(t.dtype))];
+      ++d.first;
+      d.second += t.nbytes();
+      ++by_group[group_of(t.name, true)];
+    }
+    for (const auto& o : c.objects) ++by_group[group_of(o.name, false)];
+    out << "entries:   " << c.tensors.size() + c.objects.size() << " (" << c.tensors.size() << " tensors, "
+        << c.objects.size() << " other)\n";
+    for (const auto& [d, n] : by_dtype) out << "bytes:     " << d << " " << n.second << " in " << n.first << " tensors\n";
+    out << "split:    ";
+    for (const char* g : {"model", "optimizer", "other"}) out << " " << g << " " << by_group[g];
+    out << "\nmetadata:  ";
+    if (c.metadata.empty()) out << "-";
+    for (std::size_t i = 0; i < c.metadata.size(); ++i) out << (i ? ", " : "") << escape_name(c.metadata[i].first);
+    out << "\n";
+    for (const auto& n : c.notes) out << "note:      " << escape_name(n) << "\n";
+    out << "\n";
+  }
   std::size_t w = 4;
-  for (auto* e : order) w = std::max(w, width(escape_name(e->name)));
-  auto pad = [&](std::string t, std::size_t n) {
-    const std::size_t tw = width(t);
-    return tw >= n ? t + " " : t + std::string(n - tw + 1, ' ');
-  };
-  out << pad("NAME", w) << pad("KIND", 6) << pad("DTYPE", 10) << pad("SHAPE", 16) << pad("NUMEL", 12) << pad("BYTES", 12) << "CHUNKS\n";
-  for (auto* e : order) {
-    if (e->kind == "tensor") {
-      std::uint64_t numel = 1;
-      for (auto d : e->shape) numel *= static_cast<std::uint64_t>(d);
-      out << pad(escape_name(e->name), w) << pad(e->kind, 6) << pad(std::string(name(*e->dtype)), 10) << pad(shape_text(e->shape), 16)
-          << pad(std::to_string(numel), 12) << pad(std::to_string(e->nbytes), 12) << e->chunks.size() << "\n";
+  for (auto* t : tensors) w = std::max(w, detail::text_width(escape_name(t->name)));
+  for (auto* o : objects) w = std::max(w, detail::text_width(escape_name(o->name)));
+  out << pad("NAME", w) << pad("KIND", 6) << pad("DTYPE", 10) << pad("SHAPE", 16) << pad("NUMEL", 12) << pad("BYTES", 12)
+      << "CHUNKS\n";
+  // Tensors and objects in one name order.
+  std::size_t i = 0, j = 0;
+  while (i < tensors.size() || j < objects.size()) {
+    if (j == objects.size() || (i < tensors.size() && tensors[i]->name <= objects[j]->name)) {
+      const TensorEntry& t = *tensors[i++];
+      out << pad(escape_name(t.name), w) << pad("tensor", 6) << pad(std::string(name(t.dtype)), 10) << pad(shape_text(t.shape), 16)
+          << pad(std::to_string(t.numel()), 12) << pad(std::to_string(t.nbytes()), 12) << t.chunks.size() << "\n";
+      if (!opt.tensor_glob.empty()) {
+        for (const Chunk& ch : t.chunks) {
+          out << "    offsets " << shape_text(ch.offsets) << " sizes " << shape_text(ch.sizes);
+          if (ch.location) {
+            out << " in " << escape_name(c.files[ch.location->file].relative) << " [" << ch.location->offset << ", "
+                << ch.location->offset + ch.location->length << ")";
+            for (const auto& tr : ch.location->transforms) out << " " << escape_name(tr);
+          } else {
+            out << " (no storage)";
+          }
+          out << "\n";
+        }
+      }
     } else {
-      out << pad(escape_name(e->name), w) << pad(e->kind, 6) << escape_name(e->value) << "\n";
+      const ObjectEntry& o = *objects[j++];
+      out << pad(escape_name(o.name), w) << pad(o.item ? "bytes" : "object", 6) << escape_name(object_text(o)) << "\n";
     }
   }
 }
 
-void print_json(const Summary& s, std::ostream& out) {
+ordered_json chunk_json(const Checkpoint& c, const Chunk& ch) {
+  ordered_json x{{"offsets", ch.offsets}, {"sizes", ch.sizes}};
+  if (ch.location) {
+    x["file"] = c.files[ch.location->file].relative;
+    x["offset"] = ch.location->offset;
+    x["length"] = ch.location->length;
+    if (!ch.location->transforms.empty()) x["transforms"] = ch.location->transforms;
+  } else {
+    x["file"] = nullptr;
+    x["offset"] = nullptr;
+    x["length"] = nullptr;
+  }
+  return x;
+}
+
+void print_json(const Checkpoint& c, const InspectOptions& opt, std::ostream& out, const ChunkReader& reader) {
   ordered_json j;
   j["schema"] = 1;
-  j["format"] = std::string(to_string(s.format));
-  j["writer"] = s.writer;
-  j["world_size"] = s.world_size ? ordered_json(*s.world_size) : ordered_json(nullptr);
+  j["format"] = std::string(to_string(c.format));
+  j["writer"] = c.writer;
+  j["world_size"] = c.world_size ? ordered_json(*c.world_size) : ordered_json(nullptr);
   j["files"] = ordered_json::array();
-  for (const auto& [p, size] : s.files) j["files"].push_back({{"path", p}, {"size", size}});
-  std::vector<const Entry*> order;
-  for (const auto& e : s.entries) order.push_back(&e);
-  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  j["entries"] = ordered_json::array();
-  for (auto* e : order) {
-    ordered_json x;
-    x["name"] = e->name;
-    x["kind"] = e->kind;
-    if (e->kind == "tensor") {
-      x["dtype"] = std::string(name(*e->dtype));
-      x["shape"] = e->shape;
-      x["nbytes"] = e->nbytes;
-      x["chunks"] = ordered_json::array();
-      for (const auto& c : e->chunks) {
-        x["chunks"].push_back({{"offsets", c.offsets}, {"sizes", c.sizes}, {"file", c.file}, {"offset", c.offset}, {"length", c.length}});
-      }
-    } else {
-      x["value"] = e->value;
-    }
-    j["entries"].push_back(std::move(x));
+  for (const auto& f : c.files) j["files"].push_back({{"path", f.relative}, {"size", f.size ? ordered_json(*f.size) : ordered_json(nullptr)}});
+  std::vector<std::pair<std::string, ordered_json>> entries;
+  for (auto* t : sorted_tensors(c, opt.tensor_glob)) {
+    ordered_json x{{"name", t->name}, {"kind", "tensor"}, {"dtype", std::string(name(t->dtype))}, {"shape", t->shape},
+                   {"nbytes", t->nbytes()}};
+    x["chunks"] = ordered_json::array();
+    for (const auto& ch : t->chunks) x["chunks"].push_back(chunk_json(c, ch));
+    entries.emplace_back(t->name, std::move(x));
   }
+  for (auto* o : sorted_objects(c, opt.tensor_glob)) {
+    ordered_json x{{"name", o->name}, {"kind", o->item ? "bytes" : "object"}};
+    if (o->item) {
+      x["chunks"] = ordered_json::array({{{"offsets", ordered_json::array()}, {"sizes", ordered_json::array()},
+                                          {"file", c.files[o->item->file].relative}, {"offset", o->item->offset},
+                                          {"length", o->item->length}}});
+    }
+    if (opt.meta || o->value) {
+      auto v = opt.meta ? reader.object_value(*o) : o->value;
+      x["value"] = v ? pickle::repr(*v, 4096) : std::string();
+    }
+    entries.emplace_back(o->name, std::move(x));
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  j["entries"] = ordered_json::array();
+  for (auto& [n, x] : entries) j["entries"].push_back(std::move(x));
   j["metadata"] = ordered_json::object();
-  for (const auto& [k, v] : s.metadata) j["metadata"][k] = v;
-  // Invalid UTF-8 in a name is replaced rather than aborting the listing.
+  for (const auto& [k, v] : c.metadata) j["metadata"][k] = v;
+  j["notes"] = c.notes;
+  if (opt.meta) {
+    j["meta"] = ordered_json::object();
+    for (const auto& [n, tree] : c.meta_trees) j["meta"][n] = pickle::repr(*tree, 1u << 20);
+  }
   out << j.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << "\n";
 }
 
@@ -211,15 +201,11 @@ std::string escape_name(std::string_view name) {
   out.reserve(name.size());
   for (char ch : name) {
     const auto c = static_cast<unsigned char>(ch);
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c < 0x20 || c == 0x7f) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c < 0x20 || c == 0x7f) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", c);
       out += buf;
@@ -231,21 +217,26 @@ std::string escape_name(std::string_view name) {
 }
 
 void inspect(const InspectOptions& options, std::ostream& out) {
-  const Format f = detect_format(options.path);
-  Summary s;
-  switch (f) {
-    case Format::kTorchSave: s = from_torch_save(options.path); break;
-    case Format::kSafetensors: s = from_safetensors(options.path); break;
-    case Format::kUnknown:
-      throw Error(ErrorKind::kFormat, options.path.string(), 0,
-                  "not a checkpoint this tool recognises (torch.save zip, safetensors, DCP directory, HDF5)");
-    default:
-      // TODO(fsdp-tools): DCP, Lightning sharded, safetensors index and HDF5 readers (#3).
-      throw Error(ErrorKind::kUnsupported, options.path.string(), std::nullopt,
-                  std::string(to_string(f)) + " checkpoints are recognised but not readable by this version yet");
+  const Checkpoint c = open_checkpoint(options.path);
+  const ChunkReader reader(c);
+  if (options.format == OutputFormat::kJson) return print_json(c, options, out, reader);
+  print_text(c, options, out);
+  if (options.meta) {
+    for (const auto& [n, tree] : c.meta_trees) {
+      out << "\n== " << escape_name(n) << "\n";
+      pretty(*tree, out, 0);
+      out << "\n";
+    }
+    bool header = false;
+    for (auto* o : sorted_objects(c, options.tensor_glob)) {
+      if (!o->item) continue;
+      if (!header) out << "\n== non-tensor items\n";
+      header = true;
+      out << escape_name(o->name) << " = ";
+      pretty(*reader.object_value(*o), out, 0);
+      out << "\n";
+    }
   }
-  if (options.format == OutputFormat::kJson) print_json(s, out);
-  else print_text(s, out);
 }
 
 }  // namespace ckpt

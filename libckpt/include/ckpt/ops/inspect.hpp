@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// inspect: what a checkpoint holds, from headers and metadata alone (no tensor byte is read).
-// Writes a human summary and table, or one JSON object (schema 1, see fsdp-ckpt-inspect(1)), to
-// the stream it is given; the library never prints on its own.
+// The operations of fsdp-ckpt-inspect: inspect (summary and entries, from metadata alone), verify
+// (is it complete and readable), stats (per-tensor statistics, streaming) and diff (two
+// checkpoints of any formats and layouts). Each writes its report to the stream it is given, as
+// text or as one JSON object (schema 1); the library never prints on its own.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <iosfwd>
+#include <string>
+
+#include "ckpt/progress.hpp"
 
 namespace ckpt {
 
@@ -14,14 +19,51 @@ enum class OutputFormat { kText, kJson };
 struct InspectOptions {
   std::filesystem::path path;
   OutputFormat format = OutputFormat::kText;
+  std::string tensor_glob;  ///< non-empty: only matching entries, each with its whole chunk grid
+  bool meta = false;        ///< also print meta.pt, common.pt, .metadata and non-tensor items as trees
 };
 
 /// Throws ckpt::Error: kFormat for bad data (naming the file and offset), kUnsupported for a
 /// format this build cannot read yet, kIo when the path cannot be read.
 void inspect(const InspectOptions& options, std::ostream& out);
 
-/// `name` with control characters, backslashes and invalid UTF-8 escaped (\n, \x1b, \\), so that
-/// a hostile name cannot move the cursor or forge lines.
+enum class VerifyDepth { kStructure, kDeep };
+
+struct VerifyOptions {
+  std::filesystem::path path;
+  VerifyDepth depth = VerifyDepth::kStructure;
+  OutputFormat format = OutputFormat::kText;
+};
+
+/// Checks everything it can and reports every problem it finds, not only the first. Returns true
+/// when the checkpoint is sound. kDeep also reads every byte (checking CRC-32s where the format
+/// records them), reporting bytes to `progress`. Throws only for failures outside the checkpoint
+/// (an unwritable stream).
+bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress = no_progress());
+
+struct StatsOptions {
+  std::filesystem::path path;
+  std::string tensor_glob;  ///< empty: every tensor
+  OutputFormat format = OutputFormat::kText;
+  unsigned threads = 0;     ///< 0: the machine's cores
+};
+
+/// min, max, mean, std, max-abs, NaN and Inf counts per tensor, reading each chunk once.
+void stats(const StatsOptions& options, std::ostream& out, Progress& progress = no_progress());
+
+struct DiffOptions {
+  std::filesystem::path a, b;
+  double atol = 0.0;
+  double rtol = 0.0;
+  OutputFormat format = OutputFormat::kText;
+};
+
+/// Entries only in A or only in B, dtype or shape differences, and per tensor the max-abs and
+/// max-rel difference. Returns true when A and B are equal within tolerance.
+bool diff(const DiffOptions& options, std::ostream& out, Progress& progress = no_progress());
+
+/// `name` with control characters and backslashes escaped (\n, \x1b, \\), so that a hostile name
+/// cannot move the cursor or forge lines.
 std::string escape_name(std::string_view name);
 
 }  // namespace ckpt

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// ckpt::Checkpoint, the format-neutral index every reader builds and every operation consumes
+// (DESIGN.md): tensor entries with their chunk grid and where each chunk's bytes are, object
+// entries (non-tensor values) as lossless pickle trees or as the location of a DCP bytes item,
+// and provenance. Opening reads headers and metadata only; ChunkReader resolves a chunk's bytes
+// when they are first needed.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/dtype.hpp"
+#include "ckpt/format.hpp"
+#include "ckpt/io.hpp"
+#include "ckpt/pickle.hpp"
+
+namespace ckpt {
+
+/// A file the checkpoint consists of or references.
+struct CheckpointFile {
+  std::string relative;                ///< as the metadata names it ("__0_0.distcp")
+  std::filesystem::path path;          ///< where it is
+  std::optional<std::uint64_t> size;   ///< std::nullopt when the file is missing
+};
+
+/// How a chunk's bytes are stored at its location.
+enum class ChunkEncoding {
+  kRaw,            ///< the elements themselves (safetensors; a torch.save storage record)
+  kTorchSaveItem,  ///< a whole torch.save archive holding one tensor (a DCP tensor item)
+};
+
+struct ChunkLocation {
+  std::size_t file = 0;           ///< index into Checkpoint::files
+  std::uint64_t offset = 0;       ///< absolute offset in that file
+  std::uint64_t length = 0;       ///< bytes at offset (after transforms, for DCP)
+  ChunkEncoding encoding = ChunkEncoding::kRaw;
+  std::vector<std::string> transforms;  ///< DCP transform descriptors, innermost first ("stream.zstd/1")
+  std::int64_t storage_offset = 0;      ///< kRaw: first element, in elements from `offset`
+  std::vector<std::int64_t> strides;    ///< kRaw: element strides; empty means C-contiguous
+};
+
+/// One box of a tensor: [offsets, offsets + sizes) in every dimension.
+struct Chunk {
+  std::vector<std::int64_t> offsets;
+  std::vector<std::int64_t> sizes;
+  std::optional<ChunkLocation> location;  ///< std::nullopt: the metadata gives no storage for it
+};
+
+struct TensorEntry {
+  std::string name;  ///< FQN (DCP), key path joined with '.' (torch.save), tensor name (safetensors)
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;  ///< global shape
+  std::vector<Chunk> chunks;
+  bool requires_grad = false;
+  std::uint64_t numel() const noexcept;
+  std::uint64_t nbytes() const noexcept { return numel() * element_size(dtype); }
+};
+
+/// A non-tensor value: `value` when it is known (torch.save leaves, meta.pt), `item` when it is a
+/// DCP bytes item still to be read (its bytes are a torch.save archive).
+struct ObjectEntry {
+  std::string name;
+  pickle::ValuePtr value;
+  std::optional<ChunkLocation> item;
+};
+
+struct Checkpoint {
+  Format format = Format::kUnknown;
+  std::string writer;                 ///< the writer it looks like: "torch 1.13", "torch >= 2.3", ...
+  std::optional<int> world_size;      ///< DCP: the number of ranks whose files it names
+  std::filesystem::path root;         ///< the file or directory opened
+  std::vector<CheckpointFile> files;
+  std::vector<TensorEntry> tensors;   ///< in the order the format stores them
+  std::vector<ObjectEntry> objects;
+  std::vector<std::pair<std::string, std::string>> metadata;  ///< user metadata: key, rendering
+  std::vector<std::string> notes;     ///< provenance details ("Metadata has extra attribute 'mcore_data'")
+  /// Raw metadata trees by name (".metadata", "meta.pt", "common.pt"), for --meta.
+  std::vector<std::pair<std::string, pickle::ValuePtr>> meta_trees;
+  /// DCP: planner_data, FQN -> path of keys (str or int), when the checkpoint has it.
+  std::map<std::string, pickle::ValuePtr> planner_data;
+
+  const TensorEntry* find_tensor(std::string_view name) const noexcept;
+};
+
+/// Opens any supported checkpoint, detecting the format from content. Throws ckpt::Error.
+Checkpoint open_checkpoint(const std::filesystem::path& path);
+Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path);
+Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);
+
+/// A chunk's elements, resolved: the bytes that hold them and their layout.
+struct ChunkData {
+  SourcePtr storage;                  ///< the bytes the view indexes into
+  DType dtype;
+  std::vector<std::int64_t> shape;    ///< == the chunk's sizes
+  std::vector<std::int64_t> strides;  ///< element strides (C-contiguous filled in)
+  std::int64_t storage_offset = 0;    ///< first element
+};
+
+/// Reads chunk data and DCP items. Opens each file once (mmap), on first use. Thread-safe.
+class ChunkReader {
+ public:
+  explicit ChunkReader(const Checkpoint& checkpoint);
+  /// Throws kFormat/kMismatch naming the file and offset when an item does not decode or does not
+  /// agree with the metadata (dtype, shape), kIo when a file cannot be opened.
+  ChunkData read(const TensorEntry& tensor, const Chunk& chunk) const;
+  /// The bytes at `location`, transforms undone (zstd decoded in a stream, bounded by
+  /// `max_decoded` bytes).
+  SourcePtr item(const ChunkLocation& location, std::uint64_t max_decoded = std::uint64_t{1} << 30) const;
+  /// The value a DCP bytes item holds (a torch.save archive), or the entry's known value.
+  pickle::ValuePtr object_value(const ObjectEntry& entry) const;
+  SourcePtr file(std::size_t index) const;
+
+ private:
+  const Checkpoint& checkpoint_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::size_t, SourcePtr> open_;
+};
+
+/// C-contiguous strides for `shape`.
+std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
+
+}  // namespace ckpt

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Checkpoint index for torch.save and safetensors files, open_checkpoint(), and ChunkReader.
+#include "ckpt/checkpoint.hpp"
+
+#include <zstd.h>
+
+#include "ckpt/dcp.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/safetensors.hpp"
+#include "ckpt/torch_save.hpp"
+
+namespace ckpt {
+
+std::uint64_t TensorEntry::numel() const noexcept {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+const TensorEntry* Checkpoint::find_tensor(std::string_view name) const noexcept {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> s(shape.size());
+  std::int64_t k = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    s[i] = k;
+    k *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return s;
+}
+
+namespace {
+
+std::string torch_writer_guess(const std::vector<std::string>& records) {
+  auto has = [&](std::string_view r) { return std::find(records.begin(), records.end(), r) != records.end(); };
+  // spec/FORMATS.md §2.5: which releases write which records.
+  if (has(".storage_alignment")) return "torch >= 2.6";
+  if (has(".format_version") || has(".data/serialization_id")) return "torch >= 2.2";
+  if (has("byteorder")) return "torch >= 2.1";
+  return "torch 1.6 - 2.0";
+}
+
+}  // namespace
+
+Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
+  SourcePtr src = open_mmap(path);
+  TorchSaveFile f = read_torch_save(src);
+  Checkpoint c;
+  c.format = Format::kTorchSave;
+  c.root = path;
+  c.writer = torch_writer_guess(f.records);
+  c.files.push_back({path.filename().string(), path, src->size()});
+  for (const TorchTensor& t : f.tensors) {
+    const TorchStorage& st = f.storages[t.storage];
+    TensorEntry e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.shape = t.shape;
+    e.requires_grad = t.requires_grad;
+    ChunkLocation loc;
+    loc.file = 0;
+    loc.offset = resolve_window(*st.data).offset;
+    loc.length = st.data->size();
+    loc.storage_offset = t.storage_offset;
+    loc.strides = t.stride;
+    e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
+    c.tensors.push_back(std::move(e));
+  }
+  for (auto& [name, v] : f.objects) c.objects.push_back({name, v, std::nullopt});
+  c.meta_trees.emplace_back(path.filename().string(), f.root);
+  return c;
+}
+
+Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path) {
+  SourcePtr src = open_mmap(path);
+  SafetensorsFile f = read_safetensors(src);
+  Checkpoint c;
+  c.format = Format::kSafetensors;
+  c.root = path;
+  c.writer = "safetensors";
+  c.files.push_back({path.filename().string(), path, src->size()});
+  c.metadata = f.metadata;
+  for (const auto& t : f.tensors) {
+    TensorEntry e;
+    e.name = t.name;
+    e.dtype = t.dtype;
+    e.shape.assign(t.shape.begin(), t.shape.end());
+    ChunkLocation loc;
+    loc.offset = t.begin;
+    loc.length = t.end - t.begin;
+    e.chunks.push_back({std::vector<std::int64_t>(e.shape.size(), 0), e.shape, loc});
+    c.tensors.push_back(std::move(e));
+  }
+  return c;
+}
+
+Checkpoint open_checkpoint(const std::filesystem::path& path) {
+  const Format f = detect_format(path);
+  switch (f) {
+    case Format::kTorchSave: return open_torch_save_checkpoint(path);
+    case Format::kSafetensors: return open_safetensors_checkpoint(path);
+    case Format::kDcp:
+    case Format::kLightningSharded: return open_dcp(path);
+    case Format::kUnknown: {
+      std::error_code ec;
+      if (std::filesystem::is_directory(path, ec)) {
+        const bool tmp = std::filesystem::exists(path / ".metadata.tmp", ec);
+        throw Error(ErrorKind::kFormat, path.string(), std::nullopt,
+                    tmp ? "directory has .metadata.tmp but no .metadata: the save died before it committed (incomplete checkpoint)"
+                        : "directory has no .metadata: not a DCP checkpoint, or an incomplete one");
+      }
+      throw Error(ErrorKind::kFormat, path.string(), 0,
+                  "not a checkpoint this tool recognises (torch.save zip, safetensors, DCP directory)");
+    }
+    default:
+      // TODO(fsdp-tools): safetensors index and HDF5 readers (#4).
+      throw Error(ErrorKind::kUnsupported, path.string(), std::nullopt,
+                  std::string(to_string(f)) + " checkpoints are recognised but not readable by this version yet");
+  }
+}
+
+// ---- ChunkReader -----------------------------------------------------------------------------
+
+ChunkReader::ChunkReader(const Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
+
+SourcePtr ChunkReader::file(std::size_t index) const {
+  std::lock_guard lock(mutex_);
+  if (auto it = open_.find(index); it != open_.end()) return it->second;
+  if (index >= checkpoint_.files.size()) internal_error("ChunkReader: file index out of range");
+  const CheckpointFile& f = checkpoint_.files[index];
+  if (!f.size) throw Error(ErrorKind::kIo, f.path.string(), std::nullopt, "file is missing (the metadata names it)");
+  SourcePtr s = open_mmap(f.path);
+  open_.emplace(index, s);
+  return s;
+}
+
+namespace {
+
+SourcePtr zstd_decode(const SourcePtr& in, std::uint64_t max_decoded) {
+  // NOTE [zstd in a stream]: the frame's content size, when present, is not trusted; the output
+  // grows as decoded and stops at `max_decoded`. Exactly one frame must fill the item.
+  std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  if (!ctx) internal_error("ZSTD_createDCtx failed");
+  std::vector<std::byte> out;
+  std::vector<std::byte> chunk(ZSTD_DStreamOutSize());
+  std::uint64_t consumed = 0;
+  size_t ret = 1;
+  stream_range(*in, 0, in->size(), [&](std::span<const std::byte> piece) {
+    ZSTD_inBuffer ib{piece.data(), piece.size(), 0};
+    while (ib.pos < ib.size) {
+      if (ret == 0) {
+        throw Error(ErrorKind::kFormat, in->name(), consumed + ib.pos, "bytes follow the end of the zstd frame (one frame per item)");
+      }
+      ZSTD_outBuffer ob{chunk.data(), chunk.size(), 0};
+      ret = ZSTD_decompressStream(ctx.get(), &ob, &ib);
+      if (ZSTD_isError(ret)) {
+        throw Error(ErrorKind::kFormat, in->name(), consumed + ib.pos, std::string("zstd: ") + ZSTD_getErrorName(ret));
+      }
+      if (out.size() + ob.pos > max_decoded) {
+        throw Error(ErrorKind::kFormat, in->name(), consumed + ib.pos,
+                    "zstd item decodes to more than " + std::to_string(max_decoded) + " bytes");
+      }
+      out.insert(out.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(ob.pos));
+    }
+    consumed += piece.size();
+  });
+  if (ret != 0) throw Error(ErrorKind::kFormat, in->name(), in->size(), "zstd frame is truncated");
+  return memory_source(std::move(out), in->name() + "[zstd]");
+}
+
+}  // namespace
+
+SourcePtr ChunkReader::item(const ChunkLocation& loc, std::uint64_t max_decoded) const {
+  SourcePtr f = file(loc.file);
+  SourcePtr s = sub_source(f, loc.offset, loc.length, "item at " + std::to_string(loc.offset));
+  if (loc.transforms.size() > 1) {
+    throw Error(ErrorKind::kUnsupported, s->name(), 0,
+                std::to_string(loc.transforms.size()) + " stacked transforms; at most one is supported (spec/FORMATS.md §3.5)");
+  }
+  for (const std::string& t : loc.transforms) {
+    const std::string name = t.substr(0, t.find('/'));
+    const std::string version = t.find('/') == std::string::npos ? "" : t.substr(t.find('/') + 1);
+    if (name != "stream.zstd") {
+      throw Error(ErrorKind::kUnsupported, s->name(), 0, "unknown transform '" + t + "' (only stream.zstd/1 is known)");
+    }
+    if (!version.empty() && version.substr(0, version.find('.')) != "1") {
+      throw Error(ErrorKind::kUnsupported, s->name(), 0, "transform '" + t + "' has major version other than 1");
+    }
+    s = zstd_decode(s, max_decoded);
+  }
+  return s;
+}
+
+ChunkData ChunkReader::read(const TensorEntry& tensor, const Chunk& chunk) const {
+  if (!chunk.location) {
+    throw Error(ErrorKind::kFormat, checkpoint_.root.string(), std::nullopt,
+                "chunk at offsets of '" + tensor.name + "' has no storage entry");
+  }
+  const ChunkLocation& loc = *chunk.location;
+  ChunkData d;
+  d.dtype = tensor.dtype;
+  d.shape = chunk.sizes;
+  if (loc.encoding == ChunkEncoding::kRaw) {
+    d.storage = sub_source(file(loc.file), loc.offset, loc.length, tensor.name);
+    d.strides = loc.strides.empty() ? contiguous_strides(chunk.sizes) : loc.strides;
+    d.storage_offset = loc.storage_offset;
+    return d;
+  }
+  std::uint64_t bytes = element_size(tensor.dtype);
+  for (auto s : chunk.sizes) bytes *= static_cast<std::uint64_t>(s);
+  SourcePtr it = item(loc, bytes + (std::uint64_t{1} << 20));
+  TorchSaveFile f = read_torch_save(it);
+  if (f.tensors.size() != 1 || !f.tensors[0].name.empty()) {
+    throw Error(ErrorKind::kFormat, it->name(), 0,
+                "tensor item of '" + tensor.name + "' holds " + std::to_string(f.tensors.size()) +
+                    " tensors at its top level, expected one");
+  }
+  const TorchTensor& t = f.tensors[0];
+  if (t.dtype != tensor.dtype) {
+    throw Error(ErrorKind::kMismatch, it->name(), 0,
+                "item of '" + tensor.name + "' is " + std::string(name(t.dtype)) + ", the metadata says " +
+                    std::string(name(tensor.dtype)));
+  }
+  if (t.shape != chunk.sizes) {
+    auto text = [](const std::vector<std::int64_t>& v) {
+      std::string s = "[";
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    throw Error(ErrorKind::kMismatch, it->name(), 0,
+                "item of '" + tensor.name + "' has shape " + text(t.shape) + ", the chunk " + text(chunk.sizes));
+  }
+  d.storage = f.storages[t.storage].data;
+  d.strides = t.stride;
+  d.storage_offset = t.storage_offset;
+  return d;
+}
+
+pickle::ValuePtr ChunkReader::object_value(const ObjectEntry& entry) const {
+  if (entry.value || !entry.item) return entry.value;
+  SourcePtr it = item(*entry.item);
+  return read_torch_save(it).root;
+}
+
+}  // namespace ckpt

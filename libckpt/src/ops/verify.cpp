@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// verify: every check a reader can make, every problem reported (spec/FORMATS.md §6.2).
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/ops/inspect.hpp"
+#include "ckpt/torch_save.hpp"
+#include "ops/text.hpp"
+#include "zip/zip_reader.hpp"
+
+namespace ckpt {
+namespace {
+
+struct Problem {
+  std::string source;
+  std::optional<std::uint64_t> offset;
+  std::string message;
+};
+
+class Verifier {
+ public:
+  Verifier(const Checkpoint& c, VerifyDepth depth, Progress& progress) : c_(c), reader_(c), depth_(depth), progress_(progress) {}
+
+  void run() {
+    for (const auto& f : c_.files) {
+      if (!f.size) add(f.path.string(), std::nullopt, "file is missing (the metadata names it)");
+    }
+    for (const auto& n : c_.notes) {
+      if (n.find("belong to no chunk") != std::string::npos) add(c_.root.string(), std::nullopt, "storage_data: " + n);
+    }
+    std::uint64_t total = 0;
+    if (depth_ == VerifyDepth::kDeep) {
+      for (const auto& f : c_.files) total += f.size.value_or(0);
+      progress_.start("verifying", total);
+    }
+    for (const auto& t : c_.tensors) check_tensor(t);
+    for (const auto& o : c_.objects) check_object(o);
+    if (depth_ == VerifyDepth::kDeep && c_.format == Format::kTorchSave && !c_.files.empty() && c_.files[0].size) {
+      guarded(c_.files[0].path.string(), [&] {
+        detail::ZipReader zip(reader_.file(0));
+        for (const auto& e : zip.entries()) {
+          zip.verify_crc(e);
+          progress_.advance(e.size);
+        }
+      });
+    }
+    if (depth_ == VerifyDepth::kDeep) progress_.finish();
+  }
+
+  const std::vector<Problem>& problems() const { return problems_; }
+  std::size_t items_checked() const { return items_; }
+
+ private:
+  void add(std::string source, std::optional<std::uint64_t> offset, std::string message) {
+    problems_.push_back({std::move(source), offset, std::move(message)});
+  }
+  template <typename Fn>
+  void guarded(const std::string& context, Fn&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      std::string m = e.message();
+      for (const auto& ctx : e.context()) m += " (while " + ctx + ")";
+      add(e.source().empty() ? context : e.source(), e.offset(), m);
+    }
+  }
+
+  bool location_ok(const ChunkLocation& loc, const std::string& what) {
+    const CheckpointFile& f = c_.files[loc.file];
+    if (!f.size) return false;  // reported once per file
+    if (loc.offset > *f.size || loc.length > *f.size - loc.offset) {
+      add(f.path.string(), loc.offset,
+          what + " [" + std::to_string(loc.offset) + ", " + std::to_string(loc.offset + loc.length) + ") passes the end of the file (" +
+              std::to_string(*f.size) + " bytes)");
+      return false;
+    }
+    return true;
+  }
+
+  void check_tensor(const TensorEntry& t) {
+    // Coverage: every element exactly once. Boxes are inside the tensor (checked on open); no two
+    // may overlap, and their volumes must add up to the tensor's.
+    std::uint64_t volume = 0;
+    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+      const Chunk& a = t.chunks[i];
+      std::uint64_t v = 1;
+      for (auto s : a.sizes) v *= static_cast<std::uint64_t>(s);
+      volume += v;
+      for (std::size_t k = i + 1; k < t.chunks.size() && v > 0; ++k) {
+        const Chunk& b = t.chunks[k];
+        bool overlap = true;
+        for (std::size_t d = 0; d < a.offsets.size() && overlap; ++d) {
+          overlap = a.offsets[d] < b.offsets[d] + b.sizes[d] && b.offsets[d] < a.offsets[d] + a.sizes[d];
+        }
+        std::uint64_t bv = 1;
+        for (auto s : b.sizes) bv *= static_cast<std::uint64_t>(s);
+        if (overlap && bv > 0) {
+          add(c_.root.string(), std::nullopt,
+              "chunks of '" + t.name + "' at " + detail::shape_text(a.offsets) + " and " + detail::shape_text(b.offsets) + " overlap");
+        }
+      }
+    }
+    if (t.chunks.empty() || (t.shape.empty() ? t.chunks.size() != 1 : volume != t.numel())) {
+      add(c_.root.string(), std::nullopt,
+          "chunks of '" + t.name + "' cover " + std::to_string(volume) + " of its " + std::to_string(t.numel()) +
+              " elements" + (volume < t.numel() ? " (a hole)" : ""));
+    }
+    for (const Chunk& ch : t.chunks) {
+      if (!ch.location) {
+        add(c_.root.string(), std::nullopt, "chunk of '" + t.name + "' at " + detail::shape_text(ch.offsets) + " has no storage_data entry");
+        continue;
+      }
+      if (!location_ok(*ch.location, "item of '" + t.name + "'")) continue;
+      ++items_;
+      guarded(c_.files[ch.location->file].path.string(), [&] {
+        ChunkData d = reader_.read(t, ch);
+        if (depth_ == VerifyDepth::kDeep) deep_item(*ch.location, d);
+      });
+    }
+  }
+
+  void check_object(const ObjectEntry& o) {
+    if (!o.item) {
+      if (!o.value) add(c_.root.string(), std::nullopt, "bytes entry '" + o.name + "' has no storage_data entry");
+      return;
+    }
+    if (!location_ok(*o.item, "item of '" + o.name + "'")) return;
+    ++items_;
+    guarded(c_.files[o.item->file].path.string(), [&] {
+      (void)reader_.object_value(o);
+      if (depth_ == VerifyDepth::kDeep) deep_item(*o.item, std::nullopt);
+    });
+  }
+
+  // Reads every byte of the item: the zip members' CRCs (0 = not recorded) and the tensor data.
+  void deep_item(const ChunkLocation& loc, const std::optional<ChunkData>& data) {
+    if (loc.encoding == ChunkEncoding::kTorchSaveItem) {
+      detail::ZipReader zip(reader_.item(loc));
+      for (const auto& e : zip.entries()) zip.verify_crc(e);
+    } else if (data) {
+      stream_range(*data->storage, 0, data->storage->size(), [](std::span<const std::byte>) {});
+    }
+    progress_.advance(loc.length);
+  }
+
+  const Checkpoint& c_;
+  ChunkReader reader_;
+  VerifyDepth depth_;
+  Progress& progress_;
+  std::vector<Problem> problems_;
+  std::size_t items_ = 0;
+};
+
+}  // namespace
+
+bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress) {
+  std::vector<Problem> problems;
+  std::optional<Checkpoint> c;
+  std::size_t items = 0;
+  try {
+    c = open_checkpoint(options.path);
+    Verifier v(*c, options.depth, progress);
+    v.run();
+    problems = v.problems();
+    items = v.items_checked();
+  } catch (const Error& e) {
+    std::string m = e.message();
+    for (const auto& ctx : e.context()) m += " (while " + ctx + ")";
+    problems.push_back({e.source().empty() ? options.path.string() : e.source(), e.offset(), m});
+  }
+  const bool ok = problems.empty();
+  if (options.format == OutputFormat::kJson) {
+    nlohmann::ordered_json j{{"schema", 1}, {"path", options.path.string()}, {"ok", ok},
+                             {"deep", options.depth == VerifyDepth::kDeep}};
+    if (c) {
+      j["format"] = std::string(to_string(c->format));
+      j["checked"] = {{"tensors", c->tensors.size()}, {"objects", c->objects.size()}, {"files", c->files.size()}, {"items", items}};
+    }
+    j["problems"] = nlohmann::ordered_json::array();
+    for (const auto& p : problems) {
+      j["problems"].push_back({{"source", p.source}, {"offset", p.offset ? nlohmann::ordered_json(*p.offset) : nlohmann::ordered_json(nullptr)},
+                               {"message", p.message}});
+    }
+    out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    return ok;
+  }
+  for (const auto& p : problems) {
+    out << "problem: " << escape_name(p.source) << ": ";
+    if (p.offset) out << "offset " << *p.offset << ": ";
+    out << escape_name(p.message) << "\n";
+  }
+  if (ok) {
+    out << "ok: " << escape_name(options.path.string()) << ": " << c->tensors.size() << " tensors, " << c->objects.size()
+        << " other entries, " << c->files.size() << " files, " << items << " items checked"
+        << (options.depth == VerifyDepth::kDeep ? ", every byte read" : "") << "\n";
+  } else {
+    out << problems.size() << " problem" << (problems.size() == 1 ? "" : "s") << " found in " << escape_name(options.path.string()) << "\n";
+  }
+  return ok;
+}
+
+}  // namespace ckpt

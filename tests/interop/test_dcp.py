@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""DCP interop: our reader against PyTorch. The 1.13 fixtures' .metadata is unpickled with
+torch 1.13's own classes (torch.distributed._shard.checkpoint, importable after the harness's
+dataclass patch), the torch 2.4 Megatron checkpoint's with stand-ins at the 2.x class paths; every
+item is read with torch.load from its slice, tensors assembled in Python, and the result must
+equal what our reader assembles. Hostile .metadata files must be refused, never run."""
+import io
+import os
+import pathlib
+import pickle
+import sys
+import types
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import args, check, finish, import_torch, probe, probe_json, skip, tensor_bytes, tmpdir  # noqa: E402
+
+a = args()
+sys.path.insert(0, os.path.join(a.testdata, "gen"))
+import torch113_compat  # noqa: F401,E402  (harness-only patch; see that file)
+
+torch = import_torch()
+from torch.distributed._shard.checkpoint import metadata as md113  # noqa: E402,F401
+
+work = tmpdir()
+
+
+def install_2x_stubs():
+    """Stand-ins for the torch 2.x DCP classes (spec/FORMATS.md §3.3.1) at their module paths."""
+    if "torch.distributed.checkpoint.metadata" in sys.modules:
+        return
+    m = types.ModuleType("torch.distributed.checkpoint.metadata")
+    f = types.ModuleType("torch.distributed.checkpoint.filesystem")
+    import enum
+
+    class Obj:
+        def __setstate__(self, s):
+            if isinstance(s, tuple):
+                self.state_tuple = s
+            else:
+                self.__dict__.update(s)
+
+    for name in ["Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
+                 "MetadataIndex", "StorageMeta"]:
+        cls = type(name, (Obj,), {"__module__": m.__name__})
+        setattr(m, name, cls)
+    m._MEM_FORMAT_ENCODING = enum.Enum("_MEM_FORMAT_ENCODING", {"TORCH_CONTIGUOUS_FORMAT": 0, "TORCH_CHANNELS_LAST": 1,
+                                                                "TORCH_PRESERVE_FORMAT": 2}, module=m.__name__)
+    f._StorageInfo = type("_StorageInfo", (Obj,), {"__module__": f.__name__})
+    sys.modules[m.__name__] = m
+    sys.modules[f.__name__] = f
+
+
+def python_read(path):
+    """Reads a DCP directory the way PyTorch's loader does: unpickle .metadata, torch.load each item."""
+    meta = pickle.load(open(os.path.join(path, ".metadata"), "rb"))
+    storage = {}
+    for k, v in meta.storage_data.items():
+        off = tuple(k.offset) if getattr(k, "offset", None) is not None else None
+        storage[(k.fqn, off)] = v
+    files = {}
+    tensors, objects = {}, {}
+    for fqn, entry in meta.state_dict_metadata.items():
+        if type(entry).__name__ == "BytesStorageMetadata":
+            info = storage[(fqn, None)]
+            data = files.setdefault(info.relative_path, open(os.path.join(path, info.relative_path), "rb").read())
+            objects[fqn] = torch.load(io.BytesIO(data[info.offset:info.offset + info.length]))
+            continue
+        props = entry.properties
+        dtype = props.dtype if hasattr(props, "dtype") else props.state_tuple[0]
+        full = torch.zeros(tuple(entry.size), dtype=dtype)
+        for ch in entry.chunks:
+            info = storage[(fqn, tuple(ch.offsets))]
+            data = files.setdefault(info.relative_path, open(os.path.join(path, info.relative_path), "rb").read())
+            t = torch.load(io.BytesIO(data[info.offset:info.offset + info.length]), weights_only=True)
+            assert list(t.shape) == list(ch.sizes), f"{fqn}: item shape {t.shape} != chunk {ch.sizes}"
+            view = full
+            for d, (o, s) in enumerate(zip(ch.offsets, ch.sizes)):
+                view = view.narrow(d, o, s)
+            view.copy_(t)
+        tensors[fqn] = full
+    return tensors, objects
+
+
+def compare(path, expect_world=None):
+    ours = probe_json(a, "dump-checkpoint", path)
+    tensors, objects = python_read(path)
+    names = {t["name"] for t in ours["tensors"]}
+    assert names == set(tensors), f"tensor names differ: ours {sorted(names ^ set(tensors))}"
+    for t in ours["tensors"]:
+        v = tensors[t["name"]]
+        assert "torch." + t["dtype"] == str(v.dtype), f"{t['name']}: dtype {t['dtype']} vs {v.dtype}"
+        assert t["shape"] == list(v.shape), f"{t['name']}: shape"
+        assert t["covered"] == v.numel(), f"{t['name']}: {t['covered']} of {v.numel()} elements covered"
+        assert bytes.fromhex(t["hex"]) == tensor_bytes(torch, v), f"{t['name']}: values differ from torch.load of the items"
+    assert {o["name"] for o in ours["objects"]} == set(objects), "bytes item names differ"
+    for o in ours["objects"]:
+        v = objects[o["name"]]
+        if isinstance(v, (int, str, list, dict)) and o["repr"] and not isinstance(v, bool):
+            assert o["repr"] == repr(v), f"{o['name']}: {o['repr']} vs {v!r}"
+    if expect_world is not None:
+        assert ours["world_size"] == expect_world, ours["world_size"]
+    return ours
+
+
+def test_fixture(world):
+    def run():
+        path = os.path.join(a.testdata, "dcp", f"torch113_{world}rank")
+        compare(path, world)
+        # and the generator's closed-form values (testdata/gen/make_dcp_fixtures.py)
+        sys.path.insert(0, os.path.join(a.testdata, "gen"))
+        from make_dcp_fixtures import full
+        ours = probe_json(a, "dump-checkpoint", path)
+        for t in ours["tensors"]:
+            if t["name"] == "optim.state.embed.step":
+                continue
+            want = full(t["name"], tuple(t["shape"]), getattr(torch, t["dtype"]))
+            assert bytes.fromhex(t["hex"]) == tensor_bytes(torch, want), f"{t['name']}: not the generator's values"
+        r = probe(a, "dump-checkpoint", path)
+        assert r.returncode == 0
+    return run
+
+
+def test_megatron():
+    install_2x_stubs()
+    path = os.path.join(a.shared, "LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt")
+    ours = compare(path, 1)
+    assert len(ours["tensors"]) == 17 and len(ours["objects"]) == 8
+    assert any("mcore_data" in n for n in ours["notes"]), ours["notes"]
+
+
+def write_hostile(dirname, metadata_bytes):
+    d = os.path.join(work, dirname)
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, ".metadata"), "wb").write(metadata_bytes)
+    open(os.path.join(d, "__0_0.distcp"), "wb").write(b"")
+    return d
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.path.join(work, 'pwned')}",))
+
+
+def test_hostile_metadata_refused():
+    install_2x_stubs()
+    m = sys.modules["torch.distributed.checkpoint.metadata"]
+    meta = m.Metadata()
+    meta.__dict__.update({"state_dict_metadata": {}, "planner_data": Evil(), "storage_data": {}})
+    d = write_hostile("evil", pickle.dumps(meta, protocol=4))
+    r = probe(a, "dump-checkpoint", d, expect_ok=False)
+    assert r.returncode == 1, r.stderr
+    assert "global 'posix.system' is not allowed in .metadata" in r.stderr or "global 'os.system'" in r.stderr, r.stderr
+    assert "offset" in r.stderr and ".metadata" in r.stderr, r.stderr
+    assert not os.path.exists(os.path.join(work, "pwned")), "the hostile pickle ran"
+    # eval by name
+    evil2 = pickle.dumps(meta, protocol=2).replace(b"cposix\nsystem\n", b"cbuiltins\neval\n")
+    d2 = write_hostile("evil2", evil2)
+    r = probe(a, "dump-checkpoint", d2, expect_ok=False)
+    assert r.returncode == 1 and "builtins.eval" in r.stderr, r.stderr
+
+
+def test_path_escape_refused():
+    install_2x_stubs()
+    m = sys.modules["torch.distributed.checkpoint.metadata"]
+    f = sys.modules["torch.distributed.checkpoint.filesystem"]
+    meta = m.Metadata()
+    idx = m.MetadataIndex()
+    idx.__dict__.update({"fqn": "x", "index": None})
+    info = f._StorageInfo()
+    info.__dict__.update({"relative_path": "../../etc/passwd", "offset": 0, "length": 10})
+    b = m.BytesStorageMetadata()
+    meta.__dict__.update({"state_dict_metadata": {"x": b}, "planner_data": None, "storage_data": {idx: info}})
+    d = write_hostile("escape", pickle.dumps(meta, protocol=4))
+    r = probe(a, "dump-checkpoint", d, expect_ok=False)
+    assert r.returncode == 1 and "leaves the checkpoint directory" in r.stderr, r.stderr
+
+
+check("1.13 DCP from 2 Gloo ranks: ours == torch.load of every item", test_fixture(2))
+check("1.13 DCP from 4 Gloo ranks (a rank owns no chunk): ours == torch.load of every item", test_fixture(4))
+if os.path.isdir(os.path.join(a.shared, "LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt")):
+    check("real torch 2.4 Megatron torch_dist checkpoint: ours == torch.load of every item", test_megatron)
+else:
+    skip("real Megatron checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
+check("a .metadata that names os.system or builtins.eval is refused, never run", test_hostile_metadata_refused)
+check("a relative_path that leaves the directory is refused", test_path_escape_refused)
+finish()
