@@ -7,6 +7,7 @@
 //   ckpt_probe resave IN OUT LAYOUT NAME  read a torch.save file, write it again (LAYOUT: current|1.13)
 //   ckpt_probe write-sample OUT           a torch.save file built with TorchSaveBuilder (see sample.hpp)
 //   ckpt_probe write-safetensors-sample OUT
+//   ckpt_probe write-dcp DIR WORLD LAYOUT COMPRESSION   a DCP sample with write_dcp (see sample.hpp)
 //   ckpt_probe dump-checkpoint PATH       JSON: every tensor assembled from its chunks (hex, C order), every object's repr
 #include <cstdio>
 #include <cstring>
@@ -175,6 +176,10 @@ int main(int argc, char** argv) {
     if (cmd == "dump-torch" && argc == 3) return dump_torch(argv[2]);
     if (cmd == "dump-safetensors" && argc == 3) return dump_safetensors(argv[2]);
     if (cmd == "dump-checkpoint" && argc == 3) return dump_checkpoint(argv[2]);
+    if (cmd == "write-dcp" && argc == 6) {
+      fsdp_test::write_sample_dcp(argv[2], std::stoi(argv[3]), argv[4], argv[5]);
+      return 0;
+    }
     if (cmd == "repickle" && argc == 5) return repickle(argv[2], argv[3], std::stoi(argv[4]));
     if (cmd == "resave" && argc == 6) return resave(argv[2], argv[3], argv[4], argv[5]);
     if (cmd == "write-sample" && argc == 3) {

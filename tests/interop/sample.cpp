@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/dcp.hpp"
 #include "ckpt/dtype.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
@@ -131,6 +132,87 @@ void write_sample_torch_save(ckpt::ByteSink& sink) {
   x.scalar({"large"}, std::int64_t{1} << 40);
   x.scalar({"negative"}, -123456789012);
   x.write(sink, *root);
+}
+
+namespace {
+
+// The box [offsets, offsets + sizes) of a C-order tensor's bytes.
+std::vector<std::byte> box(const std::vector<std::byte>& full, const std::vector<std::int64_t>& shape,
+                           const std::vector<std::int64_t>& offsets, const std::vector<std::int64_t>& sizes, std::size_t es) {
+  std::vector<std::byte> out;
+  std::int64_t n = 1;
+  for (auto s : sizes) n *= s;
+  std::vector<std::int64_t> idx(sizes.size(), 0);
+  const auto gs = ckpt::contiguous_strides(shape);
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::int64_t g = 0;
+    for (std::size_t d = 0; d < idx.size(); ++d) g += (idx[d] + offsets[d]) * gs[d];
+    auto at = full.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(g) * es);
+    out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(es));
+    for (std::size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_sample_dcp(const std::string& dir, int world, const std::string& layout, const std::string& compression) {
+  std::vector<ckpt::DcpWriteTensor> tensors;
+  json manifest_tensors = json::array();
+  std::size_t seed = 0;
+  auto add = [&](std::string fqn, DType dt, std::vector<std::int64_t> shape, int dim, bool replicated = false) {
+    std::size_t n = 1;
+    for (auto d : shape) n *= static_cast<std::size_t>(d);
+    const std::size_t es = ckpt::element_size(dt);
+    auto full = sample_bytes(seed, n * es, dt == DType::kBool);
+    manifest_tensors.push_back({{"fqn", fqn}, {"dtype", ckpt::name(dt)}, {"shape", shape}, {"seed", seed}});
+    ++seed;
+    ckpt::DcpWriteTensor t{fqn, dt, shape, {}, false};
+    if (replicated || shape.empty()) {
+      t.chunks.push_back({0, std::vector<std::int64_t>(shape.size(), 0), shape, ckpt::memory_source(full)});
+    } else {
+      // torch.chunk: pieces of ceil(n / world); ranks past the last piece hold nothing.
+      const std::int64_t len = shape[static_cast<std::size_t>(dim)];
+      const std::int64_t step = (len + world - 1) / world;
+      for (int r = 0; r < world; ++r) {
+        const std::int64_t begin = std::min<std::int64_t>(r * step, len), end = std::min<std::int64_t>(begin + step, len);
+        if (end <= begin) continue;
+        std::vector<std::int64_t> offsets(shape.size(), 0), sizes = shape;
+        offsets[static_cast<std::size_t>(dim)] = begin;
+        sizes[static_cast<std::size_t>(dim)] = end - begin;
+        t.chunks.push_back({r, offsets, sizes, ckpt::memory_source(box(full, shape, offsets, sizes, es))});
+      }
+    }
+    tensors.push_back(std::move(t));
+  };
+  add("model.embed.weight", DType::kFloat32, {13, 4}, 0);
+  add("model.layers.0.attn.wq.weight", DType::kBFloat16, {8, 8}, 0);
+  add("model.layers.0.norm.weight", DType::kFloat16, {3}, 0);  // fewer rows than ranks when world > 3
+  add("model.head.weight", DType::kFloat32, {4, 10}, 1);
+  add("model.step_count", DType::kInt64, {2}, 0, true);
+  add("optim.state.model.embed.weight.exp_avg", DType::kFloat32, {13, 4}, 0);
+  add("optim.state.model.embed.weight.step", DType::kFloat32, {}, 0);
+  add("extra.mask", DType::kBool, {5, 2}, 0);
+  std::vector<ckpt::DcpWriteObject> objects{
+      {"epoch", pk::make_int(4), 0},
+      {"optim.param_groups.0.params", pk::make_list({s("model.embed.weight")}), 0},
+      {"optim.param_groups.0.amsgrad", pk::make_bool(false), world - 1},
+  };
+  ckpt::DcpWriteOptions o;
+  o.world_size = world;
+  o.layout = layout == "1.13" ? ckpt::DcpLayout::kTorch113 : ckpt::DcpLayout::kCurrent;
+  o.compression = compression == "zstd" ? ckpt::DcpCompression::kZstd : ckpt::DcpCompression::kNone;
+  o.overwrite = ckpt::Overwrite::kYes;
+  o.planner_data["model.embed.weight"] = {s("model"), s("embed.weight")};
+  o.planner_data["optim.param_groups.0.params"] = {s("optim"), s("param_groups"), pk::make_int(0), s("params")};
+  ckpt::write_dcp(dir, tensors, objects, o);
+  json m{{"tensors", manifest_tensors},
+         {"objects", {{"epoch", 4}, {"optim.param_groups.0.params", {"model.embed.weight"}}, {"optim.param_groups.0.amsgrad", false}}},
+         {"world_size", world}};
+  std::ofstream(dir + ".json") << m.dump(1) << "\n";
 }
 
 void write_sample_safetensors(ckpt::ByteSink& sink) {

@@ -60,19 +60,24 @@ def python_read(path):
         storage[(k.fqn, off)] = v
     files = {}
     tensors, objects = {}, {}
+
+    def item(info):
+        data = files.setdefault(info.relative_path, open(os.path.join(path, info.relative_path), "rb").read())
+        blob = data[info.offset:info.offset + info.length]
+        if getattr(info, "transform_descriptors", None):
+            import subprocess
+            assert info.transform_descriptors == ["stream.zstd/1"], info.transform_descriptors
+            blob = subprocess.run(["zstd", "-d", "-c"], input=blob, capture_output=True, check=True).stdout
+        return io.BytesIO(blob)
     for fqn, entry in meta.state_dict_metadata.items():
         if type(entry).__name__ == "BytesStorageMetadata":
-            info = storage[(fqn, None)]
-            data = files.setdefault(info.relative_path, open(os.path.join(path, info.relative_path), "rb").read())
-            objects[fqn] = torch.load(io.BytesIO(data[info.offset:info.offset + info.length]))
+            objects[fqn] = torch.load(item(storage[(fqn, None)]))
             continue
         props = entry.properties
         dtype = props.dtype if hasattr(props, "dtype") else props.state_tuple[0]
         full = torch.zeros(tuple(entry.size), dtype=dtype)
         for ch in entry.chunks:
-            info = storage[(fqn, tuple(ch.offsets))]
-            data = files.setdefault(info.relative_path, open(os.path.join(path, info.relative_path), "rb").read())
-            t = torch.load(io.BytesIO(data[info.offset:info.offset + info.length]), weights_only=True)
+            t = torch.load(item(storage[(fqn, tuple(ch.offsets))]), weights_only=True)
             assert list(t.shape) == list(ch.sizes), f"{fqn}: item shape {t.shape} != chunk {ch.sizes}"
             view = full
             for d, (o, s) in enumerate(zip(ch.offsets, ch.sizes)):
@@ -176,12 +181,96 @@ def test_path_escape_refused():
     assert r.returncode == 1 and "leaves the checkpoint directory" in r.stderr, r.stderr
 
 
+def expected_from_manifest(manifest):
+    from common import sample_bytes
+    out = {}
+    for t in manifest["tensors"]:
+        dtype = getattr(torch, t["dtype"])
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        es = torch.empty(0, dtype=dtype).element_size()
+        raw = bytearray(sample_bytes(t["seed"], n * es, t["dtype"] == "bool"))
+        v = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if n else torch.empty(0, dtype=dtype)
+        out[t["fqn"]] = v.reshape(t["shape"]).clone()
+    return out
+
+
+def same(a_, b_):
+    return a_.dtype == b_.dtype and a_.shape == b_.shape and tensor_bytes(torch, a_) == tensor_bytes(torch, b_)
+
+
+def test_our_113_layout_loads_with_torch_113(world):
+    def run():
+        from torch.distributed._shard.checkpoint import FileSystemReader, load_state_dict
+        d = os.path.join(work, f"ours113_{world}")
+        probe(a, "write-dcp", d, str(world), "1.13", "none")
+        manifest = __import__("json").load(open(d + ".json"))
+        want = expected_from_manifest(manifest)
+        # torch 1.13's own loader fills a state dict of plain tensors from our chunks.
+        sd = {k: torch.zeros_like(v) for k, v in want.items()}
+        sd.update({k: None for k in manifest["objects"]})
+        load_state_dict(sd, FileSystemReader(d), no_dist=True)
+        for k, v in want.items():
+            assert same(sd[k], v), f"{k}: torch 1.13 loaded other values than we wrote"
+        for k, v in manifest["objects"].items():
+            assert sd[k] == v, f"{k}: {sd[k]!r} != {v!r}"
+    return run
+
+
+def test_our_current_layout_reads_as_2x(compression):
+    def run():
+        install_2x_stubs()
+        d = os.path.join(work, f"ours2x_{compression}")
+        probe(a, "write-dcp", d, "3", "current", compression)
+        manifest = __import__("json").load(open(d + ".json"))
+        meta = pickle.load(open(os.path.join(d, ".metadata"), "rb"))
+        assert type(meta).__module__ == "torch.distributed.checkpoint.metadata"
+        assert set(vars(meta)) == {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"}, vars(meta)
+        assert meta.version == "1.0.0" and isinstance(meta.planner_data, dict)
+        assert meta.planner_data["model.embed.weight"] == ("model", "embed.weight")
+        assert meta.planner_data["optim.param_groups.0.params"] == ("optim", "param_groups", 0, "params")
+        assert set(vars(meta.storage_meta)) == {"checkpoint_id", "save_id", "load_id", "modules"}
+        raw = open(os.path.join(d, ".metadata"), "rb").read()
+        assert raw[:2] == b"\x80\x04", "not protocol 4"
+        want = expected_from_manifest(manifest)
+        for k, info in meta.storage_data.items():
+            assert type(info).__module__ == "torch.distributed.checkpoint.filesystem"
+            blob = open(os.path.join(d, info.relative_path), "rb").read()[info.offset:info.offset + info.length]
+            if compression == "zstd":
+                assert info.transform_descriptors == ["stream.zstd/1"], vars(info)
+                import subprocess
+                blob = subprocess.run(["zstd", "-d", "-c"], input=blob, capture_output=True, check=True).stdout
+            else:
+                assert not hasattr(info, "transform_descriptors")
+            try:
+                value = torch.load(io.BytesIO(blob), weights_only=True)
+            except Exception as e:
+                raise AssertionError(f"{k.fqn}: torch.load of the item failed: {e} (first bytes {blob[:8]!r})")
+            if getattr(k, "offset", None) is None:
+                assert value == manifest["objects"][k.fqn], f"{k.fqn}: {value!r}"
+                continue
+            view = want[k.fqn]
+            for dim, (o, s) in enumerate(zip(k.offset, value.shape)):
+                view = view.narrow(dim, o, s)
+            assert same(value, view.contiguous()), f"{k.fqn} at {tuple(k.offset)}: values differ"
+        compare(d, 3)
+    return run
+
+
 check("1.13 DCP from 2 Gloo ranks: ours == torch.load of every item", test_fixture(2))
 check("1.13 DCP from 4 Gloo ranks (a rank owns no chunk): ours == torch.load of every item", test_fixture(4))
 if os.path.isdir(os.path.join(a.shared, "LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt")):
     check("real torch 2.4 Megatron torch_dist checkpoint: ours == torch.load of every item", test_megatron)
 else:
     skip("real Megatron checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
+check("our write_dcp (1.13 layout, 2 ranks) loads with torch 1.13's load_state_dict", test_our_113_layout_loads_with_torch_113(2))
+check("our write_dcp (1.13 layout, 4 ranks, a rank without a chunk) loads with torch 1.13's load_state_dict",
+      test_our_113_layout_loads_with_torch_113(4))
+check("our write_dcp (2.x layout): .metadata has the 2.x classes and fields; every item loads with weights_only=True",
+      test_our_current_layout_reads_as_2x("none"))
+check("our write_dcp (2.x layout, stream.zstd/1): items decode with the zstd tool and load with weights_only=True",
+      test_our_current_layout_reads_as_2x("zstd"))
 check("a .metadata that names os.system or builtins.eval is refused, never run", test_hostile_metadata_refused)
 check("a relative_path that leaves the directory is refused", test_path_escape_refused)
 finish()

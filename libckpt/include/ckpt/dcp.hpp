@@ -23,6 +23,8 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
+#include <vector>
 
 #include "ckpt/checkpoint.hpp"
 
@@ -31,5 +33,55 @@ namespace ckpt {
 /// Reads `.metadata` (and meta.pt, common.pt, metadata.json when present) into a Checkpoint
 /// without reading any item. Throws ckpt::Error naming `.metadata` and the offset.
 Checkpoint open_dcp(const std::filesystem::path& dir);
+
+/// One chunk to write: the box it covers, the rank whose file holds it, and its elements in C
+/// order (exactly numel(sizes) × element size bytes).
+struct DcpWriteChunk {
+  int rank = 0;
+  std::vector<std::int64_t> offsets;
+  std::vector<std::int64_t> sizes;
+  SourcePtr data;
+};
+
+struct DcpWriteTensor {
+  std::string fqn;
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  std::vector<DcpWriteChunk> chunks;
+  bool requires_grad = false;
+};
+
+/// A non-tensor value, written as a bytes item (a torch.save archive of `value`) by `rank`.
+struct DcpWriteObject {
+  std::string fqn;
+  pickle::ValuePtr value;
+  int rank = 0;
+};
+
+/// Which torch release's layout to write.
+enum class DcpLayout {
+  kCurrent,   ///< torch 2.3+ class paths, storage_meta, version "1.0.0", planner_data (the default)
+  kTorch113,  ///< torch.distributed._shard.checkpoint paths, three Metadata fields, planner_data None
+};
+
+enum class DcpCompression { kNone, kZstd };
+
+struct DcpWriteOptions {
+  int world_size = 1;                   ///< one __{rank}_0.distcp per rank, empty when it holds nothing
+  DcpLayout layout = DcpLayout::kCurrent;
+  DcpCompression compression = DcpCompression::kNone;  ///< kZstd: every item gets stream.zstd/1
+  Overwrite overwrite = Overwrite::kNo;
+  /// planner_data: FQN -> path of keys (str or int). FQNs missing here get a one-element path.
+  std::map<std::string, std::vector<pickle::ValuePtr>> planner_data;
+};
+
+/// Writes a DCP directory as FSDP ranks would: every data file first (each complete and fsynced),
+/// then `.metadata` through `.metadata.tmp` and a rename, so an interrupted write never looks
+/// like a checkpoint (see NOTE [Atomic outputs]). Tensor items are whole torch.save archives with
+/// offsets counted from the item's first byte; bytes items are torch.save archives of the value.
+/// Throws kInvalidArgument for chunks that do not tile their tensor or data of the wrong size,
+/// kIo for the file system. `dir` is created; with Overwrite::kNo it must not hold a checkpoint.
+void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
+               const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options);
 
 }  // namespace ckpt

@@ -97,7 +97,9 @@ class ByteSink {
 /// `target` (atomically; with Overwrite::kNo it fails if `target` appeared meanwhile) and fsyncs
 /// the directory. Destroying the sink without commit() removes the temporary file.
 /// Throws kIo; with Overwrite::kNo, kInvalidArgument when `target` exists already.
-std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite);
+/// `temp` names the temporary file instead (DCP writes `.metadata` through `.metadata.tmp`).
+std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite,
+                                         const std::filesystem::path& temp = {});
 
 /// A sink into memory, for tests and for building small records.
 class MemorySink final : public ByteSink {

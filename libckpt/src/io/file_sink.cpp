@@ -24,15 +24,21 @@ constexpr std::size_t kBufferSize = std::size_t{1} << 20;
 
 class FileSink final : public ByteSink {
  public:
-  FileSink(std::filesystem::path target, Overwrite overwrite)
-      : target_(std::move(target)), overwrite_(overwrite), name_(target_.string()) {
+  FileSink(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp)
+      : target_(std::move(target)), temp_(std::move(temp)), overwrite_(overwrite), name_(target_.string()) {
     std::error_code ec;
     if (overwrite_ == Overwrite::kNo && std::filesystem::exists(target_, ec)) {
       throw Error(ErrorKind::kInvalidArgument, name_, std::nullopt, "output exists already (use --force to replace it)");
     }
-    temp_ = target_;
-    temp_ += ".tmp." + std::to_string(::getpid());
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC;
+    if (temp_.empty()) {
+      temp_ = target_;
+      temp_ += ".tmp." + std::to_string(::getpid());
+      flags |= O_EXCL;
+    } else {
+      flags |= O_TRUNC;  // a fixed temporary name (.metadata.tmp) left by a dead writer is replaced
+    }
+    fd_ = ::open(temp_.c_str(), flags, 0644);
     if (fd_ < 0) fail("cannot create temporary file " + temp_.string());
     buffer_.reserve(kBufferSize);
   }
@@ -130,8 +136,9 @@ class FileSink final : public ByteSink {
 
 }  // namespace
 
-std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite) {
-  return std::make_unique<FileSink>(target, overwrite);
+std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite,
+                                         const std::filesystem::path& temp) {
+  return std::make_unique<FileSink>(target, overwrite, temp);
 }
 
 }  // namespace ckpt
