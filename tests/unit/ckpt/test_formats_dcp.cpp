@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/dcp.hpp"
+#include "ckpt/ops/inspect.hpp"
+#include "ckpt/torch_save.hpp"
+#include "support/error_matchers.hpp"
+#include "support/test_support.hpp"
+
+using namespace fsdp_test;
+using ckpt::DType;
+using ckpt::ErrorKind;
+namespace pk = ckpt::pickle;
+
+namespace {
+
+// A 2-rank checkpoint: w [5, 3] float32 chunked on dim 0 (rows 0-2, 3-4), b [3] bf16 on rank 0,
+// a 0-d step and a bytes item. Element i of w is i.
+void write_sample(const std::filesystem::path& dir, ckpt::DcpLayout layout = ckpt::DcpLayout::kCurrent,
+                  ckpt::DcpCompression compression = ckpt::DcpCompression::kNone) {
+  std::vector<float> w(15);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+  auto bytes = [](const float* p, std::size_t n) {
+    std::vector<std::byte> b(n * 4);
+    std::memcpy(b.data(), p, b.size());
+    return ckpt::memory_source(std::move(b));
+  };
+  std::vector<ckpt::DcpWriteTensor> t{
+      {"model.w", DType::kFloat32, {5, 3}, {{0, {0, 0}, {3, 3}, bytes(w.data(), 9)}, {1, {3, 0}, {2, 3}, bytes(w.data() + 9, 6)}}, false},
+      {"model.b", DType::kBFloat16, {3}, {{0, {0}, {3}, ckpt::memory_source(std::vector<std::byte>(6, std::byte{0x3f}))}}, false},
+      {"optim.step", DType::kInt64, {}, {{1, {}, {}, ckpt::memory_source(std::vector<std::byte>(8, std::byte{0}))}}, false},
+  };
+  std::vector<ckpt::DcpWriteObject> o{{"epoch", pk::make_int(5), 1}};
+  ckpt::DcpWriteOptions opts;
+  opts.world_size = 2;
+  opts.layout = layout;
+  opts.compression = compression;
+  ckpt::write_dcp(dir, t, o, opts);
+}
+
+// Rewrites .metadata after `edit` changed its tree.
+void edit_metadata(const std::filesystem::path& dir, const std::function<void(pk::ValuePtr&)>& edit) {
+  auto bytes = read_all(dir / ".metadata");
+  auto root = pk::parse(bytes, ".metadata");
+  edit(root);
+  auto out = pk::write(*root, 4);
+  std::ofstream(dir / ".metadata", std::ios::binary).write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+}
+
+// The attribute `key` of the object `v` (its BUILD state dict).
+pk::ValuePtr& field(const pk::ValuePtr& v, const std::string& key) {
+  auto* o = std::get<std::unique_ptr<pk::Object>>(v->payload).get();
+  for (auto& [k, x] : std::get<pk::Dict>(o->state->payload).items) {
+    if (*k->str() == key) return x;
+  }
+  throw std::runtime_error("no field " + key);
+}
+pk::ValuePtr& first_value(const pk::ValuePtr& dict) { return std::get<pk::Dict>(dict->payload).items.front().second; }
+pk::ValuePtr& first_key(const pk::ValuePtr& dict) { return std::get<pk::Dict>(dict->payload).items.front().first; }
+
+}  // namespace
+
+TEST_CASE("DCP round trip: write_dcp then open_dcp, every chunk readable", "[ckpt][dcp]") {
+  for (auto compression : {ckpt::DcpCompression::kNone, ckpt::DcpCompression::kZstd}) {
+    TestDir dir;
+    write_sample(dir.path(), ckpt::DcpLayout::kCurrent, compression);
+    CHECK_FALSE(std::filesystem::exists(dir / ".metadata.tmp"));
+    auto c = ckpt::open_dcp(dir.path());
+    CHECK(c.format == ckpt::Format::kDcp);
+    CHECK(c.world_size == 2);
+    CHECK(c.writer == "torch >= 2.4, DCP version 1.0.0");
+    REQUIRE(c.tensors.size() == 3);
+    const auto* w = c.find_tensor("model.w");
+    REQUIRE(w);
+    REQUIRE(w->chunks.size() == 2);
+    CHECK(w->chunks[1].offsets == std::vector<std::int64_t>{3, 0});
+    CHECK(c.files[w->chunks[1].location->file].relative == "__1_0.distcp");
+    ckpt::ChunkReader r(c);
+    auto d = r.read(*w, w->chunks[1]);
+    float v[6];
+    d.storage->read_at(0, std::as_writable_bytes(std::span(v)));
+    CHECK(v[0] == 9.0f);
+    CHECK(v[5] == 14.0f);
+    CHECK(c.planner_data.count("model.w"));
+    REQUIRE(c.objects.size() == 1);
+    CHECK(pk::repr(*r.object_value(c.objects[0])) == "5");
+    std::ostringstream report;
+    CHECK(ckpt::verify({dir.path(), ckpt::VerifyDepth::kDeep, ckpt::OutputFormat::kText}, report));
+  }
+}
+
+TEST_CASE("write_dcp refuses chunks that do not tile the tensor, and an existing checkpoint", "[ckpt][dcp]") {
+  TestDir dir;
+  auto four = ckpt::memory_source(std::vector<std::byte>(4));
+  ckpt::DcpWriteOptions o;
+  o.world_size = 2;
+  REQUIRE_THROWS_MATCHES(ckpt::write_dcp(dir.path(), {{"x", DType::kFloat32, {2}, {{0, {0}, {1}, four}}, false}}, {}, o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "chunks cover 1 of 2 elements"));
+  REQUIRE_THROWS_MATCHES(ckpt::write_dcp(dir.path(), {{"x", DType::kFloat32, {1}, {{0, {0}, {1}, four}, {1, {0}, {1}, four}}, false}}, {}, o),
+                         ckpt::Error, IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "chunks overlap"));
+  REQUIRE_THROWS_MATCHES(ckpt::write_dcp(dir.path(), {{"x", DType::kFloat32, {2}, {{0, {0}, {2}, four}}, false}}, {}, o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "holds 4 bytes, its box needs 8"));
+  REQUIRE_THROWS_MATCHES(ckpt::write_dcp(dir.path(), {{"x", DType::kFloat32, {1}, {{2, {0}, {1}, four}}, false}}, {}, o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "chunk rank 2 is not in [0, 2)"));
+  write_sample(dir.path());
+  REQUIRE_THROWS_MATCHES(write_sample(dir.path()), ckpt::Error, IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "holds a checkpoint already"));
+}
+
+TEST_CASE("committed fixtures: torch 1.13 from 2 and 4 Gloo ranks", "[ckpt][dcp]") {
+  // testdata/README.md: written by testdata/gen/make_dcp_fixtures.py.
+  REQUIRE(std::filesystem::file_size(testdata("dcp/torch113_2rank/.metadata")) == 2535);
+  REQUIRE(std::filesystem::file_size(testdata("dcp/torch113_4rank/.metadata")) == 3606);
+  auto c = ckpt::open_dcp(testdata("dcp/torch113_4rank"));
+  CHECK(c.writer == "torch 1.13 (torch.distributed._shard.checkpoint)");
+  CHECK(c.world_size == 4);
+  CHECK(c.planner_data.empty());  // 1.13 has none
+  const auto* proj = c.find_tensor("model.proj.weight");
+  REQUIRE(proj);
+  CHECK(proj->dtype == DType::kBFloat16);
+  CHECK(proj->chunks.size() == 3);  // 3 rows over 4 ranks: rank 3 owns none
+  const auto* head = c.find_tensor("model.head.weight");
+  REQUIRE(head);
+  CHECK(head->chunks[1].offsets == std::vector<std::int64_t>{0, 2});  // dim-1 chunks
+  const auto* step = c.find_tensor("optim.state.embed.step");
+  REQUIRE(step);
+  CHECK(step->shape.empty());
+  CHECK(step->chunks.size() == 1);
+  std::ostringstream report;
+  CHECK(ckpt::verify({testdata("dcp/torch113_4rank"), ckpt::VerifyDepth::kDeep, ckpt::OutputFormat::kText}, report));
+}
+
+TEST_CASE("real torch 2.4 Megatron torch_dist checkpoint", "[ckpt][dcp]") {
+  const auto dir = shared_testdata_or_skip("LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt");
+  auto c = ckpt::open_dcp(dir);
+  CHECK(c.tensors.size() == 17);
+  CHECK(c.objects.size() == 8);
+  const auto* fc1 = c.find_tensor("decoder.layers.mlp.linear_fc1.weight");
+  REQUIRE(fc1);
+  CHECK(fc1->shape == std::vector<std::int64_t>{2, 48, 12});
+  CHECK(fc1->chunks.size() == 2);
+  CHECK(std::find(c.notes.begin(), c.notes.end(), "Metadata has extra attribute 'mcore_data'") != c.notes.end());
+  ckpt::ChunkReader r(c);
+  for (const auto& t : c.tensors)
+    for (const auto& ch : t.chunks) CHECK_NOTHROW(r.read(t, ch));
+}
+
+TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
+  struct Row {
+    const char* defect;
+    std::function<void(pk::ValuePtr&)> edit;
+    const char* message;
+  };
+  const std::vector<Row> rows = {
+      {"hostile global", [](auto& root) { field(root, "planner_data") = pk::make_object(pk::make_global("os", "system"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_str("ls")})); },
+       "global 'os.system' is not allowed in .metadata"},
+      {"eval", [](auto& root) { field(root, "version") = pk::make_global("builtins", "eval"); }, "global 'builtins.eval' is not allowed"},
+      {"getattr on something else",
+       [](auto& root) { field(root, "version") = pk::make_object(pk::make_global("builtins", "getattr"), pk::BuildOp::kReduce,
+                                                                 pk::make_tuple({pk::make_global("torch", "Size"), pk::make_str("x")})); },
+       "getattr is only allowed on the memory-format enum"},
+      {"path escape", [](auto& root) { field(first_value(field(root, "storage_data")), "relative_path") = pk::make_str("../outside"); },
+       "relative_path '../outside' leaves the checkpoint directory"},
+      {"absolute path", [](auto& root) { field(first_value(field(root, "storage_data")), "relative_path") = pk::make_str("/etc/passwd"); },
+       "leaves the checkpoint directory"},
+      {"unknown dtype", [](auto& root) {
+         auto& props = field(first_value(field(root, "state_dict_metadata")), "properties");
+         auto& state = std::get<std::unique_ptr<pk::Object>>(props->payload)->state;
+         std::get<pk::Tuple>(state->payload).items[0] = pk::make_global("torch", "float128");
+       },
+       "is not allowed in .metadata"},
+      {"chunk past the tensor", [](auto& root) {
+         auto& chunks = field(first_value(field(root, "state_dict_metadata")), "chunks");
+         field(std::get<pk::List>(chunks->payload).items[1], "sizes") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce,
+             pk::make_tuple({pk::make_tuple({pk::make_int(9), pk::make_int(3)})}));
+       },
+       "past the tensor's size 5"},
+      {"chunk rank", [](auto& root) {
+         auto& chunks = field(first_value(field(root, "state_dict_metadata")), "chunks");
+         field(std::get<pk::List>(chunks->payload).items[0], "offsets") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce,
+             pk::make_tuple({pk::make_tuple({pk::make_int(0)})}));
+       },
+       "1-d offsets and 2-d sizes for a 2-d tensor"},
+      {"negative length", [](auto& root) { field(first_value(field(root, "storage_data")), "length") = pk::make_int(-1); },
+       "_StorageInfo.length is -1, expected a non-negative int"},
+      {"not a Metadata", [](auto& root) { root = pk::make_dict(); }, "top-level object is a dict, expected a Metadata object"},
+      {"key not a MetadataIndex", [](auto& root) { first_key(field(root, "storage_data")) = pk::make_str("x"); }, "expected a MetadataIndex"},
+  };
+  for (const auto& row : rows) {
+    SECTION(row.defect) {
+      TestDir dir;
+      write_sample(dir.path());
+      edit_metadata(dir.path(), row.edit);
+      REQUIRE_THROWS_MATCHES(ckpt::open_dcp(dir.path()), ckpt::Error, IsCkptError(ErrorKind::kFormat, std::nullopt, row.message));
+      try {
+        ckpt::open_dcp(dir.path());
+      } catch (const ckpt::Error& e) {
+        CHECK(e.source() == (dir / ".metadata").string());
+        CHECK(e.offset().has_value());
+      }
+    }
+  }
+  SECTION("persistent ids are refused") {
+    TestDir dir;
+    write_sample(dir.path());
+    edit_metadata(dir.path(), [](auto& root) { field(root, "version") = pk::make_persistent_id(pk::make_str("x")); });
+    REQUIRE_THROWS_MATCHES(ckpt::open_dcp(dir.path()), ckpt::Error, IsCkptError(ErrorKind::kFormat, std::nullopt, "persistent id (BINPERSID) is not allowed"));
+  }
+}
+
+TEST_CASE("verify finds every problem: missing file, item past its end, a hole, an undecodable item", "[ckpt][dcp]") {
+  TestDir dir;
+  write_sample(dir.path());
+  // A hole: drop w's second chunk from state_dict_metadata.
+  edit_metadata(dir.path(), [](auto& root) {
+    auto& chunks = field(first_value(field(root, "state_dict_metadata")), "chunks");
+    std::get<pk::List>(chunks->payload).items.pop_back();
+  });
+  // A damaged item: the first bytes of rank 0's file.
+  {
+    std::fstream f(dir / "__0_0.distcp", std::ios::in | std::ios::out | std::ios::binary);
+    f.write("XXXX", 4);
+  }
+  std::ostringstream report;
+  CHECK_FALSE(ckpt::verify({dir.path(), ckpt::VerifyDepth::kStructure, ckpt::OutputFormat::kText}, report));
+  const std::string text = report.str();
+  CHECK(text.find("chunks of 'model.w' cover 9 of its 15 elements (a hole)") != std::string::npos);
+  CHECK(text.find("storage_data entries belong to no chunk") != std::string::npos);
+  CHECK(text.find("not a torch.save file") != std::string::npos);
+  std::filesystem::remove(dir / "__1_0.distcp");
+  std::ostringstream again;
+  CHECK_FALSE(ckpt::verify({dir.path(), ckpt::VerifyDepth::kStructure, ckpt::OutputFormat::kText}, again));
+  CHECK(again.str().find("file is missing") != std::string::npos);
+}
+
+TEST_CASE("an item whose dtype disagrees with the metadata is a mismatch", "[ckpt][dcp]") {
+  TestDir dir;
+  write_sample(dir.path());
+  edit_metadata(dir.path(), [](auto& root) {
+    auto& props = field(first_value(field(root, "state_dict_metadata")), "properties");
+    auto& state = std::get<std::unique_ptr<pk::Object>>(props->payload)->state;
+    std::get<pk::Tuple>(state->payload).items[0] = pk::make_global("torch", "int32");
+  });
+  auto c = ckpt::open_dcp(dir.path());
+  ckpt::ChunkReader r(c);
+  REQUIRE_THROWS_MATCHES(r.read(c.tensors[0], c.tensors[0].chunks[0]), ckpt::Error,
+                         IsCkptError(ErrorKind::kMismatch, 0, "item of 'model.w' is float32, the metadata says int32"));
+}
