@@ -11,6 +11,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/torch_save.hpp"
+#include "formats/dcp_metadata.hpp"
 
 namespace ckpt {
 namespace {
@@ -326,6 +327,14 @@ std::optional<int> rank_of(const std::string& name) {
 
 }  // namespace
 
+void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c) {
+  pickle::ParseOptions o;
+  o.persistent_ids = pickle::PersistentIds::kRefuse;
+  ValuePtr root = pickle::parse(bytes, source, 0, o);
+  c.meta_trees.emplace_back(".metadata", root);
+  MetadataReader(source, c).read(root);
+}
+
 Checkpoint open_dcp(const std::filesystem::path& dir) {
   Checkpoint c;
   c.root = dir;
@@ -338,11 +347,7 @@ Checkpoint open_dcp(const std::filesystem::path& dir) {
     owned = src->read_vector(0, src->size());
     bytes = owned;
   }
-  pickle::ParseOptions o;
-  o.persistent_ids = pickle::PersistentIds::kRefuse;
-  ValuePtr root = pickle::parse(*bytes, src->name(), 0, o);
-  c.meta_trees.emplace_back(".metadata", root);
-  MetadataReader(src->name(), c).read(root);
+  detail::read_dcp_metadata(*bytes, src->name(), c);
 
   // World size: the ranks whose data files the metadata names or the directory holds (a rank with
   // nothing to write still leaves an empty file).

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "zip/zip_reader.hpp"
 
+#include <cstring>
+
 #include "ckpt/error.hpp"
 #include "io/cursor.hpp"
 #include "zip/crc32.hpp"
@@ -8,7 +10,7 @@
 namespace ckpt::detail {
 namespace {
 
-constexpr std::uint32_t kLocalSig = 0x04034b50, kCentralSig = 0x02014b50, kEocdSig = 0x06054b50,
+constexpr std::uint32_t kLocalSig = 0x04034b50, kCentralSig = 0x02014b50,
                         kZip64EocdSig = 0x06064b50, kZip64LocatorSig = 0x07064b50;
 constexpr std::uint64_t kEocdSize = 22, kZip64EocdSize = 56, kZip64LocatorSize = 20, kCentralSize = 46,
                         kLocalSize = 30, kMaxComment = 65535;
@@ -37,10 +39,9 @@ ZipReader::ZipReader(SourcePtr source) : source_(std::move(source)) {
   std::optional<std::uint64_t> eocd;
   for (std::uint64_t i = tail_len - kEocdSize + 1; i-- > 0;) {
     const auto at = static_cast<std::size_t>(i);
-    if (tail[at] != std::byte{0x50} || tail[at + 1] != std::byte{0x4b} || tail[at + 2] != std::byte{0x05} ||
-        tail[at + 3] != std::byte{0x06}) {
-      continue;
-    }
+    std::uint32_t sig = 0;
+    std::memcpy(&sig, tail.data() + at, 4);
+    if (sig != 0x06054b50u) continue;  // end-of-central-directory signature
     Cursor c(std::span<const std::byte>(tail).subspan(at), name, tail_at + i);
     c.skip(4);
     c.skip(16);

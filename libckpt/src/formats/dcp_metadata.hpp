@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+// The .metadata interpreter behind open_dcp, callable on bytes (the fuzz target uses it).
+#pragma once
+
+#include <filesystem>
+#include <span>
+#include <string>
+
+#include "ckpt/checkpoint.hpp"
+
+namespace ckpt::detail {
+
+/// Parses `.metadata` bytes (named `source` in errors) into `checkpoint`, whose `root` must be the
+/// directory the file names are relative to. Touches no data file.
+void read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint);
+
+}  // namespace ckpt::detail
