@@ -5,6 +5,8 @@
 //   bench_ckpt write DIR [MiB]          torch.save of MiB of tensors (fsync included) vs cp + fsync
 //   bench_ckpt make-many FILE [N]       writes a torch.save file with N small tensors
 //   bench_ckpt open FILE [repeats]      open + list tensors; prints the median in ms
+//   bench_ckpt make-dcp DIR RANKS N     a DCP directory (torch 1.13 layout, so torch 1.13 reads it too)
+//                                       of N small tensors chunked over RANKS ranks
 #include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/dcp.hpp"
 #include "ckpt/io.hpp"
 #include "ckpt/pickle.hpp"
 #include "ckpt/torch_save.hpp"
@@ -119,6 +122,25 @@ int open_list(const std::filesystem::path& file, int repeats) {
   return 0;
 }
 
+int make_dcp(const std::filesystem::path& dir, int ranks, std::size_t n) {
+  std::vector<ckpt::DcpWriteTensor> tensors;
+  auto data = ckpt::memory_source(std::vector<std::byte>(64 * 4));
+  for (std::size_t k = 0; k < n; ++k) {
+    ckpt::DcpWriteTensor t{"model.layers." + std::to_string(k / 10) + ".w" + std::to_string(k % 10), ckpt::DType::kFloat32,
+                           {8 * ranks, 8}, {}, false};
+    for (int r = 0; r < ranks; ++r) {
+      t.chunks.push_back({r, {8 * r, 0}, {8, 8}, ckpt::sub_source(data, 0, 64 * 4, "chunk")});
+    }
+    tensors.push_back(std::move(t));
+  }
+  ckpt::DcpWriteOptions o;
+  o.world_size = ranks;
+  o.layout = ckpt::DcpLayout::kTorch113;
+  o.overwrite = ckpt::Overwrite::kYes;
+  ckpt::write_dcp(dir, tensors, {}, o);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,6 +148,7 @@ int main(int argc, char** argv) {
   if (cmd == "crc") return crc(argc > 2 ? std::stoul(argv[2]) : 1024);
   if (cmd == "write" && argc > 2) return write(argv[2], argc > 3 ? std::stoul(argv[3]) : 1024);
   if (cmd == "make-many" && argc > 2) return make_many(argv[2], argc > 3 ? std::stoul(argv[3]) : 1000);
+  if (cmd == "make-dcp" && argc > 4) return make_dcp(argv[2], std::stoi(argv[3]), std::stoul(argv[4]));
   if (cmd == "open" && argc > 2) return open_list(argv[2], argc > 3 ? std::stoi(argv[3]) : 51);
   std::fprintf(stderr, "usage: see the comment at the top of bench/bench_ckpt.cpp\n");
   return 2;

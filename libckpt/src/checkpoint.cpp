@@ -99,13 +99,13 @@ Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path) {
   return c;
 }
 
-Checkpoint open_checkpoint(const std::filesystem::path& path) {
+Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
   const Format f = detect_format(path);
   switch (f) {
     case Format::kTorchSave: return open_torch_save_checkpoint(path);
     case Format::kSafetensors: return open_safetensors_checkpoint(path);
     case Format::kDcp:
-    case Format::kLightningSharded: return open_dcp(path);
+    case Format::kLightningSharded: return open_dcp(path, trees);
     case Format::kUnknown: {
       std::error_code ec;
       if (std::filesystem::is_directory(path, ec)) {

@@ -23,6 +23,9 @@
 
 namespace ckpt {
 
+/// Whether opening keeps the raw .metadata pickle tree.
+enum class MetaTrees { kDrop, kKeep };
+
 /// A file the checkpoint consists of or references.
 struct CheckpointFile {
   std::string relative;                ///< as the metadata names it ("__0_0.distcp")
@@ -81,7 +84,7 @@ struct Checkpoint {
   std::vector<ObjectEntry> objects;
   std::vector<std::pair<std::string, std::string>> metadata;  ///< user metadata: key, rendering
   std::vector<std::string> notes;     ///< provenance details ("Metadata has extra attribute 'mcore_data'")
-  /// Raw metadata trees by name (".metadata", "meta.pt", "common.pt"), for --meta.
+  /// Raw metadata trees by name ("meta.pt", "common.pt", and ".metadata" with MetaTrees::kKeep).
   std::vector<std::pair<std::string, pickle::ValuePtr>> meta_trees;
   /// DCP: planner_data, FQN -> path of keys (str or int), when the checkpoint has it.
   std::map<std::string, pickle::ValuePtr> planner_data;
@@ -89,8 +92,10 @@ struct Checkpoint {
   const TensorEntry* find_tensor(std::string_view name) const noexcept;
 };
 
-/// Opens any supported checkpoint, detecting the format from content. Throws ckpt::Error.
-Checkpoint open_checkpoint(const std::filesystem::path& path);
+/// Opens any supported checkpoint, detecting the format from content. With MetaTrees::kKeep the
+/// parsed .metadata tree is kept in meta_trees (for --meta); by default it is dropped after
+/// reading, since for large checkpoints it is far bigger than the index. Throws ckpt::Error.
+Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
 Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path);
 Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);
 

@@ -32,7 +32,7 @@ namespace ckpt {
 
 /// Reads `.metadata` (and meta.pt, common.pt, metadata.json when present) into a Checkpoint
 /// without reading any item. Throws ckpt::Error naming `.metadata` and the offset.
-Checkpoint open_dcp(const std::filesystem::path& dir);
+Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees = MetaTrees::kDrop);
 
 /// One chunk to write: the box it covers, the rank whose file holds it, and its elements in C
 /// order (exactly numel(sizes) × element size bytes).

@@ -169,6 +169,10 @@ enum class PersistentIds { kAllow, kRefuse };
 struct ParseOptions {
   UnknownGlobals unknown_globals = UnknownGlobals::kKeepOpaque;
   PersistentIds persistent_ids = PersistentIds::kAllow;
+  /// Called with each global as it is made (after classification); may throw to refuse it.
+  std::function<void(const Value&)> on_global;
+  /// Called with each object REDUCE, NEWOBJ or NEWOBJ_EX makes (before any BUILD); may throw.
+  std::function<void(const Value&)> on_object;
 };
 
 /// Parses one pickle. `source` and `base` name the bytes in errors: offsets are `base` plus the

@@ -25,9 +25,12 @@ class MetadataReader {
   MetadataReader(std::string source, Checkpoint& c) : source_(std::move(source)), c_(c) {}
 
   void read(const ValuePtr& root) {
-    check_globals(root);
     const pickle::Object* o = root->object();
     const pickle::Global* cls = o && o->callable ? o->callable->global() : nullptr;
+    if (first_global_ && first_global_->global()->kind == GlobalKind::kOpaque && (!o || o->callable.get() != first_global_)) {
+      const pickle::Global* g = first_global_->global();
+      fail(*first_global_, "global '" + g->module + "." + g->name + "' is not allowed in .metadata (refused, not executed)");
+    }
     if (!cls) fail(*root, "top-level object is a " + root->type_name() + ", expected a Metadata object");
     const auto state = fields(*root, "Metadata");
     if (cls->kind != GlobalKind::kDcpMetadata) {
@@ -37,84 +40,76 @@ class MetadataReader {
       }
       c_.notes.push_back("Metadata is the subclass " + cls->module + "." + cls->name);
     }
-    static const std::set<std::string> known{"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"};
-    for (const auto& [k, v] : state) {
-      if (!known.count(k)) c_.notes.push_back("Metadata has extra attribute '" + k + "'");
+    static const std::set<std::string, std::less<>> known{"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"};
+    if (state.items) {
+      for (const auto& [k, v] : *state.items) {
+        if (!known.count(*k->str())) c_.notes.push_back("Metadata has extra attribute '" + *k->str() + "'");
+      }
     }
     writer_guess(*cls, state);
     read_storage_data(require(state, "storage_data", *root));
     read_state_dict_metadata(require(state, "state_dict_metadata", *root));
-    if (auto it = state.find("planner_data"); it != state.end()) read_planner_data(it->second);
+    if (const ValuePtr* pd = state.find("planner_data")) read_planner_data(*pd);
   }
 
  private:
   [[noreturn]] void fail(const Value& at, const std::string& m) const { throw Error(ErrorKind::kFormat, source_, at.offset, m); }
 
+ public:
   // NOTE [Hostile .metadata]: PyTorch unpickles .metadata with the unrestricted pickle.load, so a
-  // crafted file runs code there. We refuse any global outside the allow-list, and getattr unless
-  // it names a member of the memory-format enum; the root may be a Metadata subclass.
-  void check_globals(const ValuePtr& root) {
-    std::unordered_set<const Value*> seen;
-    const Value* root_cls = root->object() ? root->object()->callable.get() : nullptr;
-    std::vector<const Value*> todo{root.get()};
-    while (!todo.empty()) {
-      const Value* v = todo.back();
-      todo.pop_back();
-      if (!v || !seen.insert(v).second) continue;
-      if (const pickle::Global* g = v->global()) {
-        if (g->kind == GlobalKind::kOpaque && v != root_cls) {
-          fail(*v, "global '" + g->module + "." + g->name + "' is not allowed in .metadata (refused, not executed)");
-        }
-        continue;
+  // crafted file runs code there. The unpickler hands us each global and each object as it makes
+  // them: any global outside the allow-list is refused, except the first one (the root class,
+  // which may be a Metadata subclass, checked in read()), and getattr only on the memory-format enum.
+  void on_global(const Value& v) {
+    const pickle::Global* g = v.global();
+    if (g->kind == GlobalKind::kOpaque) {
+      if (!first_global_) {
+        first_global_ = &v;
+        return;
       }
-      if (const pickle::Object* o = v->object()) {
-        if (v->callable_kind() == GlobalKind::kBuiltinGetattr) {
-          const auto* args = o->args->sequence();
-          const bool enum_member = args && args->size() == 2 && (*args)[0]->global() &&
-                                   (*args)[0]->global()->kind == GlobalKind::kDcpMemoryFormat && (*args)[1]->str();
-          if (!enum_member) fail(*v, "getattr is only allowed on the memory-format enum (refused, not executed)");
-        }
-        for (const ValuePtr* c : {&o->callable, &o->args, &o->kwargs, &o->state}) todo.push_back(c->get());
-        for (const auto& c : o->list_items) todo.push_back(c.get());
-        for (const auto& [k, x] : o->dict_items) {
-          todo.push_back(k.get());
-          todo.push_back(x.get());
-        }
-        continue;
-      }
-      if (const auto* seq = v->sequence()) {
-        for (const auto& c : *seq) todo.push_back(c.get());
-      } else if (const auto* d = v->get_if<pickle::Dict>()) {
-        for (const auto& [k, x] : d->items) {
-          todo.push_back(k.get());
-          todo.push_back(x.get());
-        }
-      } else if (const auto* s = v->get_if<pickle::Set>()) {
-        for (const auto& c : s->items) todo.push_back(c.get());
-      } else if (const auto* fs = v->get_if<pickle::FrozenSet>()) {
-        for (const auto& c : fs->items) todo.push_back(c.get());
-      }
+      fail(v, "global '" + g->module + "." + g->name + "' is not allowed in .metadata (refused, not executed)");
     }
+    if (!first_global_) first_global_ = &v;
+  }
+  void on_object(const Value& v) {
+    if (v.callable_kind() != GlobalKind::kBuiltinGetattr) return;
+    const auto* args = v.object()->args->sequence();
+    const bool enum_member = args && args->size() == 2 && (*args)[0]->global() &&
+                             (*args)[0]->global()->kind == GlobalKind::kDcpMemoryFormat && (*args)[1]->str();
+    if (!enum_member) fail(v, "getattr is only allowed on the memory-format enum (refused, not executed)");
   }
 
-  // The attribute dict an object was given by BUILD (empty when it had none, like BytesStorageMetadata).
-  std::map<std::string, ValuePtr> fields(const Value& v, std::string_view what) const {
+ private:
+
+  // The attribute dict an object was given by BUILD (empty when it had none, like
+  // BytesStorageMetadata), looked up by a linear scan: these objects have at most a handful.
+  struct Fields {
+    const std::vector<std::pair<ValuePtr, ValuePtr>>* items = nullptr;
+    const ValuePtr* find(std::string_view key) const {
+      if (!items) return nullptr;
+      for (const auto& [k, v] : *items) {
+        if (*k->str() == key) return &v;
+      }
+      return nullptr;
+    }
+    std::size_t count(std::string_view key) const { return find(key) ? 1 : 0; }
+  };
+  Fields fields(const Value& v, std::string_view what) const {
     const pickle::Object* o = v.object();
     if (!o) fail(v, std::string(what) + " is a " + v.type_name() + ", expected an object");
-    std::map<std::string, ValuePtr> out;
-    if (!o->state) return out;
-    const auto* items = o->state->dict_items();
-    if (!items) fail(v, std::string(what) + " state is a " + o->state->type_name() + ", expected a dict");
-    for (const auto& [k, x] : *items) {
-      if (!k->str()) fail(*k, std::string(what) + " has a non-string attribute name");
-      out[*k->str()] = x;
+    Fields f;
+    if (!o->state) return f;
+    f.items = o->state->dict_items();
+    if (!f.items) fail(v, std::string(what) + " state is a " + o->state->type_name() + ", expected a dict");
+    for (const auto& [k, x] : *f.items) {
+      if (!k->str()) fail(v, std::string(what) + " has a non-string attribute name");
     }
-    return out;
+    return f;
   }
-  const ValuePtr& require(const std::map<std::string, ValuePtr>& m, const std::string& key, const Value& at) const {
-    auto it = m.find(key);
-    if (it == m.end()) fail(at, "object lacks the field '" + key + "'");
-    return it->second;
+  const ValuePtr& require(const Fields& f, std::string_view key, const Value& at) const {
+    const ValuePtr* v = f.find(key);
+    if (!v) fail(at, "object lacks the field '" + std::string(key) + "'");
+    return *v;
   }
   GlobalKind kind_of(const Value& v) const {
     const pickle::Object* o = v.object();
@@ -133,18 +128,18 @@ class MetadataReader {
     std::vector<std::int64_t> out;
     for (const auto& x : *seq) {
       auto i = x->int64();
-      if (!i || *i < 0) fail(*v, std::string(what) + " holds " + pickle::repr(*x, 40) + ", expected non-negative ints");
+      if (!i || *i < 0) fail(*v, std::string(what) + " holds " + pickle::repr(*x, 40) + ", expected non-negative ints");  // v: the Size
       out.push_back(*i);
     }
     return out;
   }
-  std::int64_t nonneg_int(const ValuePtr& v, std::string_view what) const {
+  std::int64_t nonneg_int(const ValuePtr& v, const Value& at, std::string_view what) const {
     auto i = v->int64();
-    if (!i || *i < 0) fail(*v, std::string(what) + " is " + pickle::repr(*v, 40) + ", expected a non-negative int");
+    if (!i || *i < 0) fail(at, std::string(what) + " is " + pickle::repr(*v, 40) + ", expected a non-negative int");
     return *i;
   }
 
-  void writer_guess(const pickle::Global& cls, const std::map<std::string, ValuePtr>& state) {
+  void writer_guess(const pickle::Global& cls, const Fields& state) {
     std::string w;
     if (cls.module == "torch.distributed._shard.checkpoint.metadata") {
       w = "torch 1.13 (torch.distributed._shard.checkpoint)";
@@ -152,7 +147,7 @@ class MetadataReader {
       w = "torch >= 2.0";
     }
     if (state.count("storage_meta")) w = "torch >= 2.4";
-    if (auto it = state.find("version"); it != state.end() && it->second->str()) w += ", DCP version " + *it->second->str();
+    if (const ValuePtr* v = state.find("version"); v && (*v)->str()) w += ", DCP version " + *(*v)->str();
     writer_ = w;
     c_.writer = w;
   }
@@ -194,34 +189,35 @@ class MetadataReader {
       const ValuePtr& fqn = require(kf, "fqn", *k);
       if (!fqn->str()) fail(*fqn, "MetadataIndex.fqn is not a str");
       Key key{*fqn->str(), false, {}};
-      if (auto it = kf.find("offset"); it != kf.end() && !it->second->is<pickle::None>()) {
+      if (const ValuePtr* off = kf.find("offset"); off && !(*off)->is<pickle::None>()) {
         key.tensor = true;
-        key.offsets = size_of(it->second, "MetadataIndex.offset");
+        key.offsets = size_of(*off, "MetadataIndex.offset");
       }
       ChunkLocation loc;
       loc.encoding = ChunkEncoding::kTorchSaveItem;
       loc.file = file_index(require(vf, "relative_path", *v));
-      const auto off = static_cast<std::uint64_t>(nonneg_int(require(vf, "offset", *v), "_StorageInfo.offset"));
-      const auto len = static_cast<std::uint64_t>(nonneg_int(require(vf, "length", *v), "_StorageInfo.length"));
+      const auto off = static_cast<std::uint64_t>(nonneg_int(require(vf, "offset", *v), *v, "_StorageInfo.offset"));
+      const auto len = static_cast<std::uint64_t>(nonneg_int(require(vf, "length", *v), *v, "_StorageInfo.length"));
       if (off + len < off) fail(*v, "_StorageInfo offset + length overflows");
       loc.offset = off;
       loc.length = len;
-      if (auto it = vf.find("transform_descriptors"); it != vf.end() && !it->second->is<pickle::None>()) {
-        const auto* seq = it->second->sequence();
-        if (!seq) fail(*it->second, "transform_descriptors is not a list");
+      if (const ValuePtr* td = vf.find("transform_descriptors"); td && !(*td)->is<pickle::None>()) {
+        const auto* seq = (*td)->sequence();
+        if (!seq) fail(*v, "transform_descriptors is not a list");
         for (const auto& t : *seq) {
-          if (!t->str()) fail(*t, "transform descriptor is not a str");
+          if (!t->str()) fail(*v, "transform descriptor is not a str");
           loc.transforms.push_back(*t->str());
         }
       }
-      if (!storage_.emplace(key, loc).second) fail(*k, "storage_data names '" + key.fqn + "' at the same offsets twice");
+      if (!storage_.emplace(std::move(key), Stored{std::move(loc), false}).second) {
+        fail(*k, "storage_data names an entry at the same offsets twice");
+      }
     }
   }
 
   void read_state_dict_metadata(const ValuePtr& sdm) {
     const auto* items = sdm->dict_items();
     if (!items) fail(*sdm, "state_dict_metadata is a " + sdm->type_name() + ", expected a dict");
-    std::set<Key> used;
     for (const auto& [k, v] : *items) {
       if (!k->str()) fail(*k, "state_dict_metadata key is a " + k->type_name() + ", expected a str");
       const std::string& fqn = *k->str();
@@ -230,8 +226,8 @@ class MetadataReader {
         ObjectEntry e{fqn, nullptr, std::nullopt};
         Key key{fqn, false, {}};
         if (auto it = storage_.find(key); it != storage_.end()) {
-          e.item = it->second;
-          used.insert(key);
+          e.item = it->second.location;
+          it->second.used = true;
         }
         c_.objects.push_back(std::move(e));
         continue;
@@ -266,15 +262,15 @@ class MetadataReader {
         }
         Key key{fqn, true, ch.offsets};
         if (auto it = storage_.find(key); it != storage_.end()) {
-          ch.location = it->second;
-          used.insert(key);
+          ch.location = std::move(it->second.location);
+          it->second.used = true;
         }
         t.chunks.push_back(std::move(ch));
       }
       c_.tensors.push_back(std::move(t));
     }
-    for (const auto& [key, loc] : storage_) {
-      if (!used.count(key)) unused_.push_back(key.fqn);
+    for (const auto& [key, st] : storage_) {
+      if (!st.used) unused_.push_back(key.fqn);
     }
     if (!unused_.empty()) {
       c_.notes.push_back(std::to_string(unused_.size()) + " storage_data entries belong to no chunk (first: '" + unused_.front() + "')");
@@ -291,10 +287,10 @@ class MetadataReader {
     } else {
       const auto f = fields(*p, "TensorProperties");
       dtype = require(f, "dtype", *p);
-      if (auto it = f.find("requires_grad"); it != f.end()) rg = it->second;
+      if (const ValuePtr* r = f.find("requires_grad")) rg = *r;
     }
     const pickle::Global* g = dtype->global();
-    if (!g || g->kind != GlobalKind::kDType) fail(*dtype, "dtype of '" + t.name + "' is " + pickle::repr(*dtype, 60) + ", not a known torch dtype");
+    if (!g || g->kind != GlobalKind::kDType) fail(*p, "dtype of '" + t.name + "' is " + pickle::repr(*dtype, 60) + ", not a known torch dtype");
     t.dtype = *dtype_from_torch_name(g->name);
     if (rg && rg->get_if<bool>()) t.requires_grad = *rg->get_if<bool>();
   }
@@ -311,7 +307,12 @@ class MetadataReader {
   std::string source_;
   Checkpoint& c_;
   std::string writer_;
-  std::map<Key, ChunkLocation> storage_;
+  struct Stored {
+    ChunkLocation location;
+    bool used = false;
+  };
+  std::map<Key, Stored> storage_;
+  const Value* first_global_ = nullptr;
   std::map<std::string, std::size_t> file_by_name_;
   std::vector<std::string> unused_;
 };
@@ -327,15 +328,18 @@ std::optional<int> rank_of(const std::string& name) {
 
 }  // namespace
 
-void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c) {
+void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c, MetaTrees trees) {
+  MetadataReader reader(source, c);
   pickle::ParseOptions o;
   o.persistent_ids = pickle::PersistentIds::kRefuse;
+  o.on_global = [&](const Value& v) { reader.on_global(v); };
+  o.on_object = [&](const Value& v) { reader.on_object(v); };
   ValuePtr root = pickle::parse(bytes, source, 0, o);
-  c.meta_trees.emplace_back(".metadata", root);
-  MetadataReader(source, c).read(root);
+  reader.read(root);
+  if (trees == MetaTrees::kKeep) c.meta_trees.emplace_back(".metadata", root);
 }
 
-Checkpoint open_dcp(const std::filesystem::path& dir) {
+Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
   Checkpoint c;
   c.root = dir;
   c.format = Format::kDcp;
@@ -347,7 +351,7 @@ Checkpoint open_dcp(const std::filesystem::path& dir) {
     owned = src->read_vector(0, src->size());
     bytes = owned;
   }
-  detail::read_dcp_metadata(*bytes, src->name(), c);
+  detail::read_dcp_metadata(*bytes, src->name(), c, trees);
 
   // World size: the ranks whose data files the metadata names or the directory holds (a rank with
   // nothing to write still leaves an empty file).

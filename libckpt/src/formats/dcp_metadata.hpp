@@ -12,6 +12,7 @@ namespace ckpt::detail {
 
 /// Parses `.metadata` bytes (named `source` in errors) into `checkpoint`, whose `root` must be the
 /// directory the file names are relative to. Touches no data file.
-void read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint);
+void read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
+                       MetaTrees trees = MetaTrees::kDrop);
 
 }  // namespace ckpt::detail

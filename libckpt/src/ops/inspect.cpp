@@ -217,7 +217,7 @@ std::string escape_name(std::string_view name) {
 }
 
 void inspect(const InspectOptions& options, std::ostream& out) {
-  const Checkpoint c = open_checkpoint(options.path);
+  const Checkpoint c = open_checkpoint(options.path, options.meta ? MetaTrees::kKeep : MetaTrees::kDrop);
   const ChunkReader reader(c);
   if (options.format == OutputFormat::kJson) return print_json(c, options, out, reader);
   print_text(c, options, out);

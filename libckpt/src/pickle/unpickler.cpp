@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The restricted pickle VM. See NOTE [The unpickler never calls anything] in ckpt/pickle.hpp.
+#include <array>
 #include <cstdio>
 #include <unordered_map>
 
@@ -145,6 +146,15 @@ class Unpickler {
     return v;
   }
 
+  // NOTE [Shared leaves]: None, the booleans, the empty tuple and the ints 0..255 are immutable
+  // leaves that metadata pickles repeat by the hundred thousand; one node each per parse keeps the
+  // tree small. Their `offset` is that of the first occurrence, so errors about a value cite the
+  // object that holds it instead.
+  const ValuePtr& shared(ValuePtr& slot, Payload p) {
+    if (!slot) slot = make(std::move(p));
+    return slot;
+  }
+
   std::string text(std::span<const std::byte> b, std::string_view what) {
     std::string s(reinterpret_cast<const char*>(b.data()), b.size());
     if (!valid_utf8(s)) fail(std::string(what) + " is not valid UTF-8");
@@ -160,27 +170,28 @@ class Unpickler {
     }
     gp->module_str = std::move(module_str);
     gp->name_str = std::move(name_str);
+    if (options_.on_global) options_.on_global(*g);
     return g;
   }
 
   void add_list_items(Value& target, std::vector<ValuePtr> items, std::string_view op) {
-    expect_mutable(target, op);
     std::vector<ValuePtr>* dst = nullptr;
     if (auto* l = target.get_if<List>()) dst = &l->items;
     else if (auto* o = target.get_if<std::unique_ptr<Object>>()) dst = &(*o)->list_items;
     else fail(std::string(op) + " onto a " + target.type_name() + ", expected a list");
+    expect_mutable(target, op);
     for (auto& it : items) {
       adopt(target, it);
       dst->push_back(std::move(it));
     }
   }
   void add_dict_items(Value& target, std::vector<ValuePtr> flat, std::string_view op) {
-    expect_mutable(target, op);
     if (flat.size() % 2 != 0) fail(std::string(op) + " with an odd number (" + std::to_string(flat.size()) + ") of keys and values");
     std::vector<std::pair<ValuePtr, ValuePtr>>* dst = nullptr;
     if (auto* d = target.get_if<Dict>()) dst = &d->items;
     else if (auto* o = target.get_if<std::unique_ptr<Object>>()) dst = &(*o)->dict_items;
     else fail(std::string(op) + " onto a " + target.type_name() + ", expected a dict");
+    expect_mutable(target, op);
     for (std::size_t i = 0; i < flat.size(); i += 2) {
       adopt(target, flat[i]);
       adopt(target, flat[i + 1]);
@@ -205,13 +216,29 @@ class Unpickler {
     adopt(*v, callable);
     adopt(*v, args);
     adopt(*v, kwargs);
+    if (options_.on_object) options_.on_object(*v);
     push(std::move(v));
   }
 
-  void memo_put(std::uint64_t index) { memo_[index] = top("memo put"); }
+  // The memo: writers number entries 0, 1, 2, ... so a vector holds them; other indices (allowed,
+  // never produced by CPython) go to a map. memo_size() is len(memo) as MEMOIZE needs it.
+  void memo_put(std::uint64_t index) {
+    const ValuePtr& v = top("memo put");
+    if (index < memo_vec_.size()) {
+      if (!memo_vec_[index]) ++memo_count_;
+      memo_vec_[static_cast<std::size_t>(index)] = v;
+    } else if (index == memo_vec_.size() && !memo_map_.count(index)) {
+      memo_vec_.push_back(v);
+      ++memo_count_;
+    } else {
+      if (memo_map_.insert_or_assign(index, v).second) ++memo_count_;
+    }
+  }
+  std::uint64_t memo_size() const { return memo_count_; }
   void memo_get(std::uint64_t index) {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) fail("memo index " + std::to_string(index) + " is not set (" + std::to_string(memo_.size()) + " entries)");
+    if (index < memo_vec_.size() && memo_vec_[static_cast<std::size_t>(index)]) return push(memo_vec_[static_cast<std::size_t>(index)]);
+    auto it = memo_map_.find(index);
+    if (it == memo_map_.end()) fail("memo index " + std::to_string(index) + " is not set (" + std::to_string(memo_count_) + " entries)");
     push(it->second);
   }
 
@@ -228,7 +255,7 @@ class Unpickler {
         return;
       }
       case op::kMark: marks_.push_back(stack_.size()); return;
-      case op::kEmptyTuple: return push(make(Tuple{}));
+      case op::kEmptyTuple: return push(shared(empty_tuple_, Tuple{}));
       case op::kTuple1:
       case op::kTuple2:
       case op::kTuple3: {
@@ -268,9 +295,9 @@ class Unpickler {
       case op::kAddItems: {
         auto items = pop_mark("ADDITEMS");
         Value& target = *top("ADDITEMS");
-        expect_mutable(target, "ADDITEMS");
         auto* s = target.get_if<Set>();
         if (!s) fail("ADDITEMS onto a " + target.type_name() + ", expected a set");
+        expect_mutable(target, "ADDITEMS");
         for (auto& it : items) {
           adopt(target, it);
           s->items.push_back(std::move(it));
@@ -283,10 +310,13 @@ class Unpickler {
         v->get_if<FrozenSet>()->items = std::move(items);
         return push(std::move(v));
       }
-      case op::kNone: return push(make(None{}));
-      case op::kNewTrue: return push(make(true));
-      case op::kNewFalse: return push(make(false));
-      case op::kBinInt1: return push(make(Int{in_.u8("BININT1 operand"), {}}));
+      case op::kNone: return push(shared(none_, None{}));
+      case op::kNewTrue: return push(shared(true_, true));
+      case op::kNewFalse: return push(shared(false_, false));
+      case op::kBinInt1: {
+        const std::uint8_t v = in_.u8("BININT1 operand");
+        return push(shared(small_ints_[v], Int{v, {}}));
+      }
       case op::kBinInt2: return push(make(Int{in_.u16le("BININT2 operand"), {}}));
       case op::kBinInt: return push(make(Int{in_.i32le("BININT operand"), {}}));
       case op::kLong1: {
@@ -380,9 +410,9 @@ class Unpickler {
       case op::kBuild: {
         ValuePtr state = pop("BUILD");
         Value& target = *top("BUILD");
-        expect_mutable(target, "BUILD");
         auto* o = target.get_if<std::unique_ptr<Object>>();
         if (!o) fail("BUILD on a " + target.type_name() + ", expected an object");
+        expect_mutable(target, "BUILD");
         if ((*o)->state) fail("BUILD applied twice to one object", ErrorKind::kUnsupported);
         adopt(target, state);
         (*o)->state = std::move(state);
@@ -397,7 +427,7 @@ class Unpickler {
       }
       case op::kBinPut: return memo_put(in_.u8("BINPUT index"));
       case op::kLongBinPut: return memo_put(in_.u32le("LONG_BINPUT index"));
-      case op::kMemoize: return memo_put(memo_.size());
+      case op::kMemoize: return memo_put(memo_size());
       case op::kBinGet: return memo_get(in_.u8("BINGET index"));
       case op::kLongBinGet: return memo_get(in_.u32le("LONG_BINGET index"));
       default: break;
@@ -413,7 +443,11 @@ class Unpickler {
   std::uint64_t op_offset_ = 0;
   std::vector<ValuePtr> stack_;
   std::vector<std::size_t> marks_;
-  std::unordered_map<std::uint64_t, ValuePtr> memo_;
+  std::vector<ValuePtr> memo_vec_;
+  std::unordered_map<std::uint64_t, ValuePtr> memo_map_;
+  std::uint64_t memo_count_ = 0;
+  ValuePtr none_, true_, false_, empty_tuple_;
+  std::array<ValuePtr, 256> small_ints_;
 };
 
 }  // namespace
