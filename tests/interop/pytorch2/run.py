@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch 2.x interop, for a machine that has torch >= 2 (the GPU machine does; this runs on CPU).
+Not part of CI (Debian ships torch 1.13); run it by hand:
+
+    python3 tests/interop/pytorch2/run.py --probe build/tests/ckpt_probe --inspect build/tools/fsdp-ckpt-inspect
+
+It writes checkpoints with torch.distributed.checkpoint.save (world size 1, and 2 with Gloo; nested
+model and optimizer state; with the ZStandard extension when it imports), runs our inspect --json
+and verify on them and compares every value with ours, and loads our write_dcp output with
+dcp.load, and our torch.save output with torch.load(weights_only=True)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from common import check, finish, sample_bytes, tensor_bytes  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--probe", required=True)
+p.add_argument("--inspect", required=True)
+a = p.parse_args()
+work = tempfile.mkdtemp(prefix="fsdp-pt2-")
+print(f"torch {torch.__version__}")
+
+
+def state(rank=0, world=1):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(2, 6)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "tag": "pt2"}
+
+
+def flat(obj, prefix=""):
+    out = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flat(v, f"{prefix}{k}."))
+    elif isinstance(obj, list) and any(isinstance(x, (dict, list, torch.Tensor)) for x in obj):
+        for i, v in enumerate(obj):
+            out.update(flat(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = obj
+    return out
+
+
+def ours(path):
+    r = subprocess.run([a.probe, "dump-checkpoint", path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def compare_with_state(path, sd):
+    dump = ours(path)
+    expect = {k: v for k, v in flat(sd).items() if isinstance(v, torch.Tensor)}
+    got = {t["name"]: t for t in dump["tensors"]}
+    assert set(got) == set(expect), f"names differ: {sorted(set(got) ^ set(expect))}"
+    for k, v in expect.items():
+        assert bytes.fromhex(got[k]["hex"]) == tensor_bytes(torch, v), f"{k}: values differ"
+    v = subprocess.run([a.inspect, "verify", "--deep", path], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    j = json.loads(subprocess.run([a.inspect, "--json", path], capture_output=True, text=True, check=True).stdout)
+    assert j["format"] == "dcp" and j["schema"] == 1
+
+
+def test_save_world1():
+    d = os.path.join(work, "w1")
+    sd = state()
+    dcp.save(sd, checkpoint_id=d)
+    compare_with_state(d, sd)
+
+
+def _worker(rank, world, port, d, zstd):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    sd = state()
+    writer = None
+    if zstd:
+        from torch.distributed.checkpoint._extension import ZStandard
+        writer = dcp.FileSystemWriter(d, _extensions=[ZStandard()])
+    dcp.save(sd, checkpoint_id=d, storage_writer=writer)
+    dist.destroy_process_group()
+
+
+def test_save_world2(zstd):
+    def run():
+        d = os.path.join(work, f"w2{'z' if zstd else ''}")
+        mp.spawn(_worker, args=(2, 29611 + zstd, d, zstd), nprocs=2, join=True)
+        compare_with_state(d, state())
+    return run
+
+
+def test_dcp_load_of_ours(compression):
+    def run():
+        d = os.path.join(work, f"ours_{compression}")
+        subprocess.run([a.probe, "write-dcp", d, "2", "current", compression], check=True)
+        m = json.load(open(d + ".json"))
+        sd = {}
+        for t in m["tensors"]:
+            sd[t["fqn"]] = torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"]))
+        for k in m["objects"]:
+            sd[k] = None
+        dcp.load(sd, checkpoint_id=d)
+        for t in m["tensors"]:
+            v = sd[t["fqn"]]
+            raw = sample_bytes(t["seed"], v.numel() * v.element_size(), t["dtype"] == "bool")
+            assert tensor_bytes(torch, v) == raw, f"{t['fqn']}: dcp.load read other values than we wrote"
+        for k, v in m["objects"].items():
+            assert sd[k] == v, f"{k}: {sd[k]!r} != {v!r}"
+    return run
+
+
+def test_torch_load_of_ours():
+    out = os.path.join(work, "sample.pt")
+    subprocess.run([a.probe, "write-sample", out], check=True)
+    obj = torch.load(out, weights_only=True)
+    assert "model" in obj and isinstance(obj["model"]["layer.0.weight"], torch.nn.Parameter)
+
+
+check("dcp.save (world 1) read by us, verify --deep clean", test_save_world1)
+check("dcp.save (world 2, Gloo) read by us", test_save_world2(False))
+try:
+    from torch.distributed.checkpoint._extension import ZStandard  # noqa: F401
+    check("dcp.save (world 2, ZStandard extension) read by us", test_save_world2(True))
+except Exception as e:  # noqa: BLE001
+    print(f"skip ZStandard: {e}")
+check("dcp.load of our write_dcp (2.x layout)", test_dcp_load_of_ours("none"))
+try:
+    from torch.distributed.checkpoint._extension import ZStandard  # noqa: F401,F811
+    check("dcp.load of our write_dcp (stream.zstd/1)", test_dcp_load_of_ours("zstd"))
+except Exception as e:  # noqa: BLE001
+    print(f"skip ZStandard load: {e}")
+check("torch.load(weights_only=True) of our torch.save sample", test_torch_load_of_ours)
+finish()
