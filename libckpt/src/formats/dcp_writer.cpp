@@ -7,6 +7,7 @@
 
 #include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/sharding.hpp"
 #include "ckpt/torch_save.hpp"
 
 namespace ckpt {
@@ -196,15 +197,8 @@ void validate(const DcpWriteTensor& t, int world) {
           std::to_string(v * element_size(t.dtype)));
     }
     volume += v;
-    for (std::size_t k = 0; k < i && v > 0; ++k) {
-      const auto& o = t.chunks[k];
-      bool overlap = true;
-      for (std::size_t d = 0; d < t.shape.size() && overlap; ++d) {
-        overlap = c.offsets[d] < o.offsets[d] + o.sizes[d] && o.offsets[d] < c.offsets[d] + c.sizes[d];
-      }
-      std::uint64_t ov = 1;
-      for (auto s : o.sizes) ov *= static_cast<std::uint64_t>(s);
-      if (overlap && ov > 0) bad("chunks overlap");
+    for (std::size_t k = 0; k < i && !t.shape.empty(); ++k) {
+      if (intersect(c.offsets, c.sizes, t.chunks[k].offsets, t.chunks[k].sizes)) bad("chunks overlap");
     }
   }
   if (!t.shape.empty() && volume != numel) bad("chunks cover " + std::to_string(volume) + " of " + std::to_string(numel) + " elements");

@@ -6,6 +6,7 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/ops/inspect.hpp"
+#include "ckpt/sharding.hpp"
 #include "ckpt/torch_save.hpp"
 #include "ops/text.hpp"
 #include "zip/zip_reader.hpp"
@@ -85,18 +86,10 @@ class Verifier {
     std::uint64_t volume = 0;
     for (std::size_t i = 0; i < t.chunks.size(); ++i) {
       const Chunk& a = t.chunks[i];
-      std::uint64_t v = 1;
-      for (auto s : a.sizes) v *= static_cast<std::uint64_t>(s);
-      volume += v;
-      for (std::size_t k = i + 1; k < t.chunks.size() && v > 0; ++k) {
+      volume += box_volume(a.sizes);
+      for (std::size_t k = i + 1; k < t.chunks.size() && !t.shape.empty(); ++k) {
         const Chunk& b = t.chunks[k];
-        bool overlap = true;
-        for (std::size_t d = 0; d < a.offsets.size() && overlap; ++d) {
-          overlap = a.offsets[d] < b.offsets[d] + b.sizes[d] && b.offsets[d] < a.offsets[d] + a.sizes[d];
-        }
-        std::uint64_t bv = 1;
-        for (auto s : b.sizes) bv *= static_cast<std::uint64_t>(s);
-        if (overlap && bv > 0) {
+        if (intersect(a.offsets, a.sizes, b.offsets, b.sizes)) {
           add(c_.root.string(), std::nullopt,
               "chunks of '" + t.name + "' at " + detail::shape_text(a.offsets) + " and " + detail::shape_text(b.offsets) + " overlap");
         }
