@@ -5,7 +5,7 @@ for tool in fsdp-ckpt-inspect; do
   page="$FSDP_MAN_DIR/$tool.1"
   [[ -f $page ]] || { echo "no man page $page"; exit 1; }
   helps=$("${!var}" --help)
-  for sub in $("${!var}" --help | awk '/^Subcommands:/ {on=1; next} on && NF {print $1}'); do
+  for sub in $("${!var}" --help | awk '/^Subcommands:/ {on=1; next} on && !NF {on=0} on && /^  [a-z]/ {print $1}'); do
     grep -q -- "$sub" "$page" || { echo "$tool: subcommand $sub is not in $page"; exit 1; }
     helps+=$'\n'$("${!var}" "$sub" --help)
   done
