@@ -27,9 +27,9 @@ class MetadataReader {
   void read(const ValuePtr& root) {
     const pickle::Object* o = root->object();
     const pickle::Global* cls = o && o->callable ? o->callable->global() : nullptr;
-    if (first_global_ && first_global_->global()->kind == GlobalKind::kOpaque && (!o || o->callable.get() != first_global_)) {
-      const pickle::Global* g = first_global_->global();
-      fail(*first_global_, "global '" + g->module + "." + g->name + "' is not allowed in .metadata (refused, not executed)");
+    if (first_opaque_ && (!o || o->callable.get() != first_opaque_->node)) {
+      throw Error(ErrorKind::kFormat, source_, first_opaque_->offset,
+                  "global '" + first_opaque_->name + "' is not allowed in .metadata (refused, not executed)");
     }
     if (!cls) fail(*root, "top-level object is a " + root->type_name() + ", expected a Metadata object");
     const auto state = fields(*root, "Metadata");
@@ -62,14 +62,12 @@ class MetadataReader {
   // which may be a Metadata subclass, checked in read()), and getattr only on the memory-format enum.
   void on_global(const Value& v) {
     const pickle::Global* g = v.global();
-    if (g->kind == GlobalKind::kOpaque) {
-      if (!first_global_) {
-        first_global_ = &v;
-        return;
-      }
-      fail(v, "global '" + g->module + "." + g->name + "' is not allowed in .metadata (refused, not executed)");
-    }
-    if (!first_global_) first_global_ = &v;
+    const bool first = !seen_global_;
+    seen_global_ = true;
+    if (g->kind != GlobalKind::kOpaque) return;
+    if (!first) fail(v, "global '" + g->module + "." + g->name + "' is not allowed in .metadata (refused, not executed)");
+    // Kept by value: the node may be dropped before read() runs. The address is only compared.
+    first_opaque_ = FirstOpaque{&v, g->module + "." + g->name, v.offset};
   }
   void on_object(const Value& v) {
     if (v.callable_kind() != GlobalKind::kBuiltinGetattr) return;
@@ -312,7 +310,13 @@ class MetadataReader {
     bool used = false;
   };
   std::map<Key, Stored> storage_;
-  const Value* first_global_ = nullptr;
+  struct FirstOpaque {
+    const Value* node;  // compared, never dereferenced
+    std::string name;
+    std::uint64_t offset;
+  };
+  bool seen_global_ = false;
+  std::optional<FirstOpaque> first_opaque_;
   std::map<std::string, std::size_t> file_by_name_;
   std::vector<std::string> unused_;
 };

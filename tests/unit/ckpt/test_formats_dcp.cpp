@@ -248,3 +248,20 @@ TEST_CASE("an item whose dtype disagrees with the metadata is a mismatch", "[ckp
   REQUIRE_THROWS_MATCHES(r.read(c.tensors[0], c.tensors[0].chunks[0]), ckpt::Error,
                          IsCkptError(ErrorKind::kMismatch, 0, "item of 'model.w' is float32, the metadata says int32"));
 }
+
+TEST_CASE("a DCP directory with Lightning's meta.pt", "[ckpt][dcp]") {
+  TestDir dir;
+  write_sample(dir.path());
+  {
+    ckpt::TorchSaveBuilder b;
+    auto sink = ckpt::open_file_sink(dir / "meta.pt", ckpt::Overwrite::kNo);
+    b.write(*sink, *pk::make_dict({{pk::make_str("epoch"), pk::make_int(2)}, {pk::make_str("global_step"), pk::make_int(40)}}));
+    sink->commit();
+  }
+  auto c = ckpt::open_checkpoint(dir.path());
+  CHECK(c.format == ckpt::Format::kLightningSharded);
+  CHECK(c.metadata == std::vector<std::pair<std::string, std::string>>{{"epoch", "2"}, {"global_step", "40"}});
+  CHECK(c.files.back().relative == "meta.pt");
+  REQUIRE(c.meta_trees.size() == 1);
+  CHECK(c.meta_trees[0].first == "meta.pt");
+}
