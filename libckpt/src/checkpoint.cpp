@@ -45,16 +45,22 @@ std::string torch_writer_guess(const std::vector<std::string>& records) {
   return "torch 1.6 - 2.0";
 }
 
+// The index of a single-file checkpoint, before its entries are added.
+Checkpoint single_file(Format format, const std::filesystem::path& path, std::string writer, std::uint64_t size) {
+  Checkpoint c;
+  c.format = format;
+  c.root = path;
+  c.writer = std::move(writer);
+  c.files.push_back({path.filename().string(), path, size});
+  return c;
+}
+
 }  // namespace
 
 Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
   SourcePtr src = open_mmap(path);
   TorchSaveFile f = read_torch_save(src);
-  Checkpoint c;
-  c.format = Format::kTorchSave;
-  c.root = path;
-  c.writer = torch_writer_guess(f.records);
-  c.files.push_back({path.filename().string(), path, src->size()});
+  Checkpoint c = single_file(Format::kTorchSave, path, torch_writer_guess(f.records), src->size());
   for (const TorchTensor& t : f.tensors) {
     const TorchStorage& st = f.storages[t.storage];
     TensorEntry e;
@@ -79,11 +85,7 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
 Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path) {
   SourcePtr src = open_mmap(path);
   SafetensorsFile f = read_safetensors(src);
-  Checkpoint c;
-  c.format = Format::kSafetensors;
-  c.root = path;
-  c.writer = "safetensors";
-  c.files.push_back({path.filename().string(), path, src->size()});
+  Checkpoint c = single_file(Format::kSafetensors, path, "safetensors", src->size());
   c.metadata = f.metadata;
   for (const auto& t : f.tensors) {
     TensorEntry e;

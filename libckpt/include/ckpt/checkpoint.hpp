@@ -83,6 +83,8 @@ struct Checkpoint {
   std::vector<TensorEntry> tensors;   ///< in the order the format stores them
   std::vector<ObjectEntry> objects;
   std::vector<std::pair<std::string, std::string>> metadata;  ///< user metadata: key, rendering
+  /// DCP: FQNs of storage_data entries that no chunk or bytes entry uses (verify reports them).
+  std::vector<std::string> unreferenced_storage;
   std::vector<std::string> notes;     ///< provenance details ("Metadata has extra attribute 'mcore_data'")
   /// Raw metadata trees by name ("meta.pt", "common.pt", and ".metadata" with MetaTrees::kKeep).
   std::vector<std::pair<std::string, pickle::ValuePtr>> meta_trees;

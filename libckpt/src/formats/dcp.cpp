@@ -268,10 +268,10 @@ class MetadataReader {
       c_.tensors.push_back(std::move(t));
     }
     for (const auto& [key, st] : storage_) {
-      if (!st.used) unused_.push_back(key.fqn);
+      if (!st.used) c_.unreferenced_storage.push_back(key.fqn);
     }
-    if (!unused_.empty()) {
-      c_.notes.push_back(std::to_string(unused_.size()) + " storage_data entries belong to no chunk (first: '" + unused_.front() + "')");
+    if (const auto& u = c_.unreferenced_storage; !u.empty()) {
+      c_.notes.push_back(std::to_string(u.size()) + " storage_data entries belong to no chunk (first: '" + u.front() + "')");
     }
   }
 
@@ -318,7 +318,6 @@ class MetadataReader {
   bool seen_global_ = false;
   std::optional<FirstOpaque> first_opaque_;
   std::map<std::string, std::size_t> file_by_name_;
-  std::vector<std::string> unused_;
 };
 
 std::optional<int> rank_of(const std::string& name) {

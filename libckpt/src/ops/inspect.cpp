@@ -25,22 +25,18 @@ std::string group_of(const std::string& name, bool tensor) {
   return "model";
 }
 
-std::vector<const TensorEntry*> sorted_tensors(const Checkpoint& c, const std::string& glob) {
-  std::vector<const TensorEntry*> out;
-  for (const auto& t : c.tensors) {
-    if (detail::glob_match(glob, t.name)) out.push_back(&t);
+// Entries whose name matches `glob`, sorted by name (tensors and objects alike).
+template <typename Entry>
+std::vector<const Entry*> sorted_matching(const std::vector<Entry>& entries, const std::string& glob) {
+  std::vector<const Entry*> out;
+  for (const auto& e : entries) {
+    if (detail::glob_match(glob, e.name)) out.push_back(&e);
   }
   std::stable_sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->name < b->name; });
   return out;
 }
-std::vector<const ObjectEntry*> sorted_objects(const Checkpoint& c, const std::string& glob) {
-  std::vector<const ObjectEntry*> out;
-  for (const auto& o : c.objects) {
-    if (detail::glob_match(glob, o.name)) out.push_back(&o);
-  }
-  std::stable_sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  return out;
-}
+std::vector<const TensorEntry*> sorted_tensors(const Checkpoint& c, const std::string& glob) { return sorted_matching(c.tensors, glob); }
+std::vector<const ObjectEntry*> sorted_objects(const Checkpoint& c, const std::string& glob) { return sorted_matching(c.objects, glob); }
 
 std::string object_text(const ObjectEntry& o) {
   if (o.value) return pickle::repr(*o.value, 200);

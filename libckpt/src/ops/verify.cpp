@@ -20,6 +20,13 @@ struct Problem {
   std::string message;
 };
 
+// An error as a problem row: its own source when it names one, else `fallback`.
+Problem problem_of(const Error& e, const std::string& fallback) {
+  std::string m = e.message();
+  for (const auto& ctx : e.context()) m += " (while " + ctx + ")";
+  return {e.source().empty() ? fallback : e.source(), e.offset(), std::move(m)};
+}
+
 class Verifier {
  public:
   Verifier(const Checkpoint& c, VerifyDepth depth, Progress& progress) : c_(c), reader_(c), depth_(depth), progress_(progress) {}
@@ -28,8 +35,9 @@ class Verifier {
     for (const auto& f : c_.files) {
       if (!f.size) add(f.path.string(), std::nullopt, "file is missing (the metadata names it)");
     }
-    for (const auto& n : c_.notes) {
-      if (n.find("belong to no chunk") != std::string::npos) add(c_.root.string(), std::nullopt, "storage_data: " + n);
+    if (const auto& u = c_.unreferenced_storage; !u.empty()) {
+      add(c_.root.string(), std::nullopt,
+          "storage_data: " + std::to_string(u.size()) + " storage_data entries belong to no chunk (first: '" + u.front() + "')");
     }
     std::uint64_t total = 0;
     if (depth_ == VerifyDepth::kDeep) {
@@ -62,9 +70,7 @@ class Verifier {
     try {
       fn();
     } catch (const Error& e) {
-      std::string m = e.message();
-      for (const auto& ctx : e.context()) m += " (while " + ctx + ")";
-      add(e.source().empty() ? context : e.source(), e.offset(), m);
+      problems_.push_back(problem_of(e, context));
     }
   }
 
@@ -159,9 +165,7 @@ bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress)
     problems = v.problems();
     items = v.items_checked();
   } catch (const Error& e) {
-    std::string m = e.message();
-    for (const auto& ctx : e.context()) m += " (while " + ctx + ")";
-    problems.push_back({e.source().empty() ? options.path.string() : e.source(), e.offset(), m});
+    problems.push_back(problem_of(e, options.path.string()));
   }
   const bool ok = problems.empty();
   if (options.format == OutputFormat::kJson) {
