@@ -75,9 +75,10 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
     loc.storage_offset = t.storage_offset;
     loc.strides = t.stride;
     e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
+    e.position = c.tensors.size();
     c.tensors.push_back(std::move(e));
   }
-  for (auto& [name, v] : f.objects) c.objects.push_back({name, v, std::nullopt});
+  for (auto& [name, v] : f.objects) c.objects.push_back({name, c.tensors.size() + c.objects.size(), v, std::nullopt});
   c.meta_trees.emplace_back(path.filename().string(), f.root);
   return c;
 }
@@ -96,6 +97,7 @@ Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path) {
     loc.offset = t.begin;
     loc.length = t.end - t.begin;
     e.chunks.push_back({std::vector<std::int64_t>(e.shape.size(), 0), e.shape, loc});
+    e.position = c.tensors.size();
     c.tensors.push_back(std::move(e));
   }
   return c;
@@ -128,7 +130,7 @@ Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
 
 // ---- ChunkReader -----------------------------------------------------------------------------
 
-ChunkReader::ChunkReader(const Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
+ChunkReader::ChunkReader(const Checkpoint& checkpoint, FileAccess access) : checkpoint_(checkpoint), access_(access) {}
 
 SourcePtr ChunkReader::file(std::size_t index) const {
   std::lock_guard lock(mutex_);
@@ -136,7 +138,7 @@ SourcePtr ChunkReader::file(std::size_t index) const {
   if (index >= checkpoint_.files.size()) internal_error("ChunkReader: file index out of range");
   const CheckpointFile& f = checkpoint_.files[index];
   if (!f.size) throw Error(ErrorKind::kIo, f.path.string(), std::nullopt, "file is missing (the metadata names it)");
-  SourcePtr s = open_mmap(f.path);
+  SourcePtr s = access_ == FileAccess::kMap ? open_mmap(f.path) : open_file(f.path);
   open_.emplace(index, s);
   return s;
 }

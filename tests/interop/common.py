@@ -17,6 +17,8 @@ def args():
     p.add_argument("--probe", required=True)
     p.add_argument("--testdata", required=True)
     p.add_argument("--shared", required=True)
+    p.add_argument("--merge", help="the fsdp-ckpt-merge binary")
+    p.add_argument("--inspect", help="the fsdp-ckpt-inspect binary")
     return p.parse_args()
 
 

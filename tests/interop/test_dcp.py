@@ -14,6 +14,8 @@ import types
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import args, check, finish, import_torch, probe, probe_json, skip, tensor_bytes, tmpdir  # noqa: E402
+import dcp_oracle  # noqa: E402
+from dcp_oracle import install_2x_stubs  # noqa: E402,F401
 
 a = args()
 sys.path.insert(0, os.path.join(a.testdata, "gen"))
@@ -25,66 +27,8 @@ from torch.distributed._shard.checkpoint import metadata as md113  # noqa: E402,
 work = tmpdir()
 
 
-def install_2x_stubs():
-    """Stand-ins for the torch 2.x DCP classes (spec/FORMATS.md §3.3.1) at their module paths."""
-    if "torch.distributed.checkpoint.metadata" in sys.modules:
-        return
-    m = types.ModuleType("torch.distributed.checkpoint.metadata")
-    f = types.ModuleType("torch.distributed.checkpoint.filesystem")
-    import enum
-
-    class Obj:
-        def __setstate__(self, s):
-            if isinstance(s, tuple):
-                self.state_tuple = s
-            else:
-                self.__dict__.update(s)
-
-    for name in ["Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-                 "MetadataIndex", "StorageMeta"]:
-        cls = type(name, (Obj,), {"__module__": m.__name__})
-        setattr(m, name, cls)
-    m._MEM_FORMAT_ENCODING = enum.Enum("_MEM_FORMAT_ENCODING", {"TORCH_CONTIGUOUS_FORMAT": 0, "TORCH_CHANNELS_LAST": 1,
-                                                                "TORCH_PRESERVE_FORMAT": 2}, module=m.__name__)
-    f._StorageInfo = type("_StorageInfo", (Obj,), {"__module__": f.__name__})
-    sys.modules[m.__name__] = m
-    sys.modules[f.__name__] = f
-
-
 def python_read(path):
-    """Reads a DCP directory the way PyTorch's loader does: unpickle .metadata, torch.load each item."""
-    meta = pickle.load(open(os.path.join(path, ".metadata"), "rb"))
-    storage = {}
-    for k, v in meta.storage_data.items():
-        off = tuple(k.offset) if getattr(k, "offset", None) is not None else None
-        storage[(k.fqn, off)] = v
-    files = {}
-    tensors, objects = {}, {}
-
-    def item(info):
-        data = files.setdefault(info.relative_path, open(os.path.join(path, info.relative_path), "rb").read())
-        blob = data[info.offset:info.offset + info.length]
-        if getattr(info, "transform_descriptors", None):
-            import subprocess
-            assert info.transform_descriptors == ["stream.zstd/1"], info.transform_descriptors
-            blob = subprocess.run(["zstd", "-d", "-c"], input=blob, capture_output=True, check=True).stdout
-        return io.BytesIO(blob)
-    for fqn, entry in meta.state_dict_metadata.items():
-        if type(entry).__name__ == "BytesStorageMetadata":
-            objects[fqn] = torch.load(item(storage[(fqn, None)]))
-            continue
-        props = entry.properties
-        dtype = props.dtype if hasattr(props, "dtype") else props.state_tuple[0]
-        full = torch.zeros(tuple(entry.size), dtype=dtype)
-        for ch in entry.chunks:
-            t = torch.load(item(storage[(fqn, tuple(ch.offsets))]), weights_only=True)
-            assert list(t.shape) == list(ch.sizes), f"{fqn}: item shape {t.shape} != chunk {ch.sizes}"
-            view = full
-            for d, (o, s) in enumerate(zip(ch.offsets, ch.sizes)):
-                view = view.narrow(d, o, s)
-            view.copy_(t)
-        tensors[fqn] = full
-    return tensors, objects
+    return dcp_oracle.python_read(torch, path)
 
 
 def compare(path, expect_world=None):

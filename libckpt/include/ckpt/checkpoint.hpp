@@ -58,6 +58,7 @@ struct Chunk {
 
 struct TensorEntry {
   std::string name;  ///< FQN (DCP), key path joined with '.' (torch.save), tensor name (safetensors)
+  std::size_t position = 0;  ///< among all entries, tensors and objects, in the order the format stores them
   DType dtype = DType::kFloat32;
   std::vector<std::int64_t> shape;  ///< global shape
   std::vector<Chunk> chunks;
@@ -70,6 +71,7 @@ struct TensorEntry {
 /// DCP bytes item still to be read (its bytes are a torch.save archive).
 struct ObjectEntry {
   std::string name;
+  std::size_t position = 0;  ///< as TensorEntry::position
   pickle::ValuePtr value;
   std::optional<ChunkLocation> item;
 };
@@ -110,10 +112,14 @@ struct ChunkData {
   std::int64_t storage_offset = 0;    ///< first element
 };
 
-/// Reads chunk data and DCP items. Opens each file once (mmap), on first use. Thread-safe.
+/// How ChunkReader opens files: mapped (fast random reads; pages read count toward RSS) or with
+/// pread (the copy engine: memory bounded by its buffers).
+enum class FileAccess { kMap, kRead };
+
+/// Reads chunk data and DCP items. Opens each file once, on first use. Thread-safe.
 class ChunkReader {
  public:
-  explicit ChunkReader(const Checkpoint& checkpoint);
+  explicit ChunkReader(const Checkpoint& checkpoint, FileAccess access = FileAccess::kMap);
   /// Throws kFormat/kMismatch naming the file and offset when an item does not decode or does not
   /// agree with the metadata (dtype, shape), kIo when a file cannot be opened.
   ChunkData read(const TensorEntry& tensor, const Chunk& chunk) const;
@@ -123,9 +129,11 @@ class ChunkReader {
   /// The value a DCP bytes item holds (a torch.save archive), or the entry's known value.
   pickle::ValuePtr object_value(const ObjectEntry& entry) const;
   SourcePtr file(std::size_t index) const;
+  const Checkpoint& checkpoint() const noexcept { return checkpoint_; }
 
  private:
   const Checkpoint& checkpoint_;
+  FileAccess access_;
   mutable std::mutex mutex_;
   mutable std::map<std::size_t, SourcePtr> open_;
 };

@@ -101,6 +101,24 @@ class ByteSink {
 std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite,
                                          const std::filesystem::path& temp = {});
 
+/// A file written at known offsets, by many threads at once (the copy engine). Atomic like
+/// open_file_sink: nothing is visible under the target name before commit().
+class PositionalSink {
+ public:
+  virtual ~PositionalSink() = default;
+  virtual const std::string& name() const noexcept = 0;
+  /// Sets the file's size (the copy engine knows it before it writes anything). Throws kIo.
+  virtual void resize(std::uint64_t size) = 0;
+  /// Writes `bytes` at `offset`. Thread-safe. Throws kIo.
+  virtual void write_at(std::uint64_t offset, std::span<const std::byte> bytes) = 0;
+  /// fsync, move into place, fsync the directory. Throws kIo, or kInvalidArgument as open_file_sink.
+  virtual void commit() = 0;
+};
+
+/// As open_file_sink, for positional writes.
+std::unique_ptr<PositionalSink> open_positional_sink(const std::filesystem::path& target, Overwrite overwrite,
+                                                     const std::filesystem::path& temp = {});
+
 /// A sink into memory, for tests and for building small records.
 class MemorySink final : public ByteSink {
  public:

@@ -161,6 +161,10 @@ ValuePtr make_persistent_id(ValuePtr pid);
 /// `collections.OrderedDict()` with `items` (REDUCE, then SETITEMS).
 ValuePtr make_ordered_dict(std::vector<std::pair<ValuePtr, ValuePtr>> items = {});
 
+/// A copy of `root` in which each node for which `replace` returns a value is replaced by it.
+/// Nodes with no replacement below them are `root`'s own; a node shared in `root` stays shared.
+ValuePtr rebuild(const ValuePtr& root, const std::function<ValuePtr(const Value&)>& replace);
+
 /// What the unpickler does with a global the allow-list does not know.
 enum class UnknownGlobals { kKeepOpaque, kRefuse };
 /// Whether BINPERSID is allowed (torch.save's data.pkl) or refused (DCP's .metadata).

@@ -53,8 +53,22 @@ struct SafetensorsEntry {
   std::string name;
   DType dtype;
   std::vector<std::uint64_t> shape;
-  SourcePtr data;  ///< exactly numel × element size bytes, C order
+  SourcePtr data;  ///< exactly numel × element size bytes, C order (unused by plan_safetensors)
+  std::uint64_t nbytes() const noexcept;
 };
+
+/// Where everything of a safetensors file goes, as the reference writer lays it out.
+struct SafetensorsLayout {
+  std::vector<std::byte> head;            ///< the 8-byte length and the padded JSON header
+  std::vector<SafetensorsEntry> entries;  ///< in the order their bytes follow the header
+  std::vector<std::uint64_t> begins;      ///< absolute offset of each entry's first byte
+  std::uint64_t size = 0;                 ///< of the whole file
+};
+
+/// Lays out a safetensors file of `entries` (their data is not looked at). `target` names the
+/// output in errors. Throws what write_safetensors throws, except for data sizes.
+SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
+                                   const std::vector<std::pair<std::string, std::string>>& metadata, const std::string& target);
 
 /// Writes a safetensors file as the reference writer does: tensors sorted by dtype alignment
 /// (descending) then name, compact JSON with `__metadata__` first, the header padded with spaces

@@ -34,4 +34,41 @@ inline std::optional<Box> intersect(const std::vector<std::int64_t>& a_off, cons
   return out;
 }
 
+/// Whether `inner` (a box inside `outer`, both absolute) is one contiguous run of `outer` in C
+/// order: size 1 in every dimension before some k, whole in every dimension after it.
+inline bool is_contiguous_run(const std::vector<std::int64_t>& inner_sizes, const std::vector<std::int64_t>& outer_sizes) noexcept {
+  std::size_t k = 0;
+  while (k < inner_sizes.size() && inner_sizes[k] == 1) ++k;
+  for (std::size_t i = k + 1; i < inner_sizes.size(); ++i) {
+    if (inner_sizes[i] != outer_sizes[i]) return false;
+  }
+  return true;
+}
+
+/// Flat C-order index of `point - origin` inside a box of `sizes`.
+inline std::uint64_t flat_index(const std::vector<std::int64_t>& point, const std::vector<std::int64_t>& origin,
+                                const std::vector<std::int64_t>& sizes) noexcept {
+  std::uint64_t idx = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) idx = idx * static_cast<std::uint64_t>(sizes[i]) + static_cast<std::uint64_t>(point[i] - origin[i]);
+  return idx;
+}
+
+/// Checks that `chunks` (anything with .offsets and .sizes, each inside the tensor) tile a tensor
+/// of `shape`, every element covered exactly once: calls `overlap(i, k)` for each pair of chunks
+/// that overlap, and `coverage(volume, numel)` once when their volumes do not add up to the
+/// tensor's (a hole, or overlap already reported). Calls neither for a sound tiling.
+template <typename Chunks, typename Overlap, typename Coverage>
+void tiling_problems(const std::vector<std::int64_t>& shape, const Chunks& chunks, Overlap&& overlap, Coverage&& coverage) {
+  std::uint64_t volume = 0;
+  const std::uint64_t numel = box_volume(shape);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    volume += box_volume(chunks[i].sizes);
+    for (std::size_t k = i + 1; k < chunks.size() && !shape.empty(); ++k) {
+      if (intersect(chunks[i].offsets, chunks[i].sizes, chunks[k].offsets, chunks[k].sizes)) overlap(i, k);
+    }
+  }
+  const bool ok = shape.empty() ? chunks.size() == 1 : (volume == numel && (numel == 0 || !chunks.empty()));
+  if (!ok) coverage(volume, numel);
+}
+
 }  // namespace ckpt

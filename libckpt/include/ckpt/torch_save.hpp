@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,21 @@ struct TorchSaveWriteOptions {
   TorchSaveLayout layout = TorchSaveLayout::kCurrent;
 };
 
+/// One member of a torch.save archive as it will be written: literal bytes (data.pkl, version,
+/// ...) or a storage whose bytes come from elsewhere.
+struct TorchSaveRecord {
+  std::string name;                        ///< the record, without the archive folder ("data/0")
+  std::uint64_t size = 0;
+  std::vector<std::byte> bytes;            ///< literal records
+  std::optional<std::string> storage_key;  ///< storage records: numel × element size bytes
+};
+
+/// The records of a torch.save archive of `root`, in archive order, with data.pkl pickled. The
+/// copy engine lays them out with the zip layout and fills the storages; write_torch_save writes
+/// them in order. `target` names the output in errors. Throws as write_torch_save does.
+std::vector<TorchSaveRecord> plan_torch_save(const pickle::Value& root, const TorchSaveWriteOptions& options,
+                                             const std::string& target);
+
 /// Writes `root` as a torch.save archive. Each persistent id in the tree must be a torch storage
 /// tuple; `storage_data(key)` gives its bytes, which must hold numel × element size bytes. Records
 /// follow the order in which the pickle first references them. The sink is not committed.
@@ -99,6 +115,11 @@ class TorchSaveBuilder {
   /// A storage of `data.size() / element_size(dtype)` elements; returns its index. Its key is
   /// the index in decimal.
   std::size_t add_storage(DType dtype, SourcePtr data);
+  /// A storage of `numel` elements whose bytes come later (the copy engine fills them after
+  /// plan_torch_save); write() refuses a tree that uses it. Returns its index.
+  std::size_t reserve_storage(DType dtype, std::uint64_t numel);
+  /// The record key of storage `storage` ("data/<key>").
+  const std::string& storage_key(std::size_t storage) const;
   /// A tensor view of storage `storage` (a `_rebuild_tensor_v2`/`_v3` call).
   pickle::ValuePtr tensor(std::size_t storage, std::vector<std::int64_t> shape, std::vector<std::int64_t> stride,
                           std::int64_t storage_offset = 0);
@@ -112,7 +133,8 @@ class TorchSaveBuilder {
  private:
   struct Storage {
     DType dtype;
-    SourcePtr data;
+    std::uint64_t nbytes;
+    SourcePtr data;  ///< null for a reserved storage
     pickle::ValuePtr key;
   };
   std::vector<Storage> storages_;

@@ -221,7 +221,7 @@ class MetadataReader {
       const std::string& fqn = *k->str();
       const GlobalKind kind = kind_of(*v);
       if (kind == GlobalKind::kDcpBytesStorageMetadata) {
-        ObjectEntry e{fqn, nullptr, std::nullopt};
+        ObjectEntry e{fqn, c_.tensors.size() + c_.objects.size(), nullptr, std::nullopt};
         Key key{fqn, false, {}};
         if (auto it = storage_.find(key); it != storage_.end()) {
           e.item = it->second.location;
@@ -265,6 +265,7 @@ class MetadataReader {
         }
         t.chunks.push_back(std::move(ch));
       }
+      t.position = c_.tensors.size() + c_.objects.size();
       c_.tensors.push_back(std::move(t));
     }
     for (const auto& [key, st] : storage_) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <map>
 #include <memory>
 
@@ -405,22 +406,15 @@ SafetensorsFile read_safetensors(SourcePtr source) {
   return file;
 }
 
-void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
-                       const std::vector<std::pair<std::string, std::string>>& metadata) {
+SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
+                                   const std::vector<std::pair<std::string, std::string>>& metadata, const std::string& target) {
   for (const auto& e : entries) {
     const DTypeInfo& di = info(e.dtype);
     if (di.safetensors.empty() || dtype_rank(e.dtype) < 0) {
-      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
+      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt,
                   "tensor '" + e.name + "' has dtype " + std::string(di.name) + ", which safetensors cannot store");
     }
-    std::uint64_t numel = 1;
-    for (auto d : e.shape) numel *= d;
-    if (!e.data || e.data->size() != numel * di.element_size) {
-      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
-                  "tensor '" + e.name + "' needs " + std::to_string(numel * di.element_size) + " bytes, its data has " +
-                      (e.data ? std::to_string(e.data->size()) : std::string("none")));
-    }
-    if (e.name == "__metadata__") throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt, "a tensor cannot be named __metadata__");
+    if (e.name == "__metadata__") throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "a tensor cannot be named __metadata__");
   }
   std::stable_sort(entries.begin(), entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
     const int ra = dtype_rank(a.dtype), rb = dtype_rank(b.dtype);
@@ -428,7 +422,7 @@ void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
   });
   for (std::size_t i = 1; i < entries.size(); ++i) {
     if (entries[i].name == entries[i - 1].name) {
-      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt, "tensor name '" + entries[i].name + "' given twice");
+      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "tensor name '" + entries[i].name + "' given twice");
     }
   }
   std::string h = "{";
@@ -443,6 +437,7 @@ void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
     h += "}";
   }
   std::uint64_t at = 0;
+  std::vector<std::uint64_t> begins;
   for (const auto& e : entries) {
     if (h.size() > 1) h += ',';
     json_string(e.name, h);
@@ -451,16 +446,43 @@ void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
       if (i) h += ',';
       h += std::to_string(e.shape[i]);
     }
-    const std::uint64_t end = at + e.data->size();
+    const std::uint64_t end = at + e.nbytes();
     h += "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
+    begins.push_back(at);
     at = end;
   }
   h += "}";
   h.append((8 - h.size() % 8) % 8, ' ');
+  SafetensorsLayout out;
   const std::uint64_t n = h.size();
-  sink.write(&n, 8);
-  sink.write(h.data(), h.size());
+  out.head.resize(8 + h.size());
+  for (int i = 0; i < 8; ++i) out.head[static_cast<std::size_t>(i)] = static_cast<std::byte>(n >> (8 * i));
+  std::memcpy(out.head.data() + 8, h.data(), h.size());
+  for (auto& b : begins) b += out.head.size();
+  out.begins = std::move(begins);
+  out.entries = std::move(entries);
+  out.size = out.head.size() + at;
+  return out;
+}
+
+std::uint64_t SafetensorsEntry::nbytes() const noexcept {
+  std::uint64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  return numel * element_size(dtype);
+}
+
+void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
+                       const std::vector<std::pair<std::string, std::string>>& metadata) {
   for (const auto& e : entries) {
+    if (!e.data || e.data->size() != e.nbytes()) {
+      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
+                  "tensor '" + e.name + "' needs " + std::to_string(e.nbytes()) + " bytes, its data has " +
+                      (e.data ? std::to_string(e.data->size()) : std::string("none")));
+    }
+  }
+  const SafetensorsLayout layout = plan_safetensors(std::move(entries), metadata, sink.name());
+  sink.write(layout.head);
+  for (const auto& e : layout.entries) {
     stream_range(*e.data, 0, e.data->size(), [&](std::span<const std::byte> piece) { sink.write(piece); });
   }
 }

@@ -419,20 +419,14 @@ TorchSaveFile read_torch_save(SourcePtr source) {
 
 // ---- writing ---------------------------------------------------------------------------------
 
-void write_torch_save(ByteSink& sink, const Value& root, const std::function<SourcePtr(const std::string&)>& storage_data,
-                      const TorchSaveWriteOptions& options) {
-  struct Record {
-    std::string key;
-    std::uint64_t size;
-    SourcePtr data;
-  };
-  std::vector<Record> records;
+std::vector<TorchSaveRecord> plan_torch_save(const Value& root, const TorchSaveWriteOptions& options, const std::string& target) {
+  std::vector<TorchSaveRecord> storages;
   std::unordered_set<std::string> seen;
   auto on_pid = [&](const pickle::PersistentId& p) {
     const auto* pid = p.pid ? p.pid->sequence() : nullptr;
     if (!pid || pid->size() != 5 || !(*pid)[0]->str() || *(*pid)[0]->str() != "storage" || !(*pid)[1]->global() ||
-        !(*pid)[2]->str() || !(*pid)[4]->int64()) {
-      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
+        !(*pid)[2]->str() || !(*pid)[4]->int64() || *(*pid)[4]->int64() < 0) {
+      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt,
                   "persistent id is not a torch storage tuple ('storage', class, key, location, numel)");
     }
     const std::string& key = *(*pid)[2]->str();
@@ -441,19 +435,13 @@ void write_torch_save(ByteSink& sink, const Value& root, const std::function<Sou
     std::uint64_t es = 1;
     if (cls->kind == GlobalKind::kStorageClass) es = element_size(*dtype_from_storage_class(cls->name));
     else if (cls->kind != GlobalKind::kUntypedStorage) {
-      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
+      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt,
                   "storage class '" + cls->module + "." + cls->name + "' is not a torch storage class");
     }
     const std::uint64_t size = static_cast<std::uint64_t>(*(*pid)[4]->int64()) * es;
-    SourcePtr data = storage_data(key);
-    if (!data || data->size() != size) {
-      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
-                  "storage '" + key + "' needs " + std::to_string(size) + " bytes, its data has " +
-                      (data ? std::to_string(data->size()) : std::string("none")));
-    }
-    records.push_back({key, size, std::move(data)});
+    storages.push_back({"data/" + key, size, {}, key});
   };
-  const std::vector<std::byte> pkl = pickle::write(root, 2, on_pid);
+  std::vector<std::byte> pkl = pickle::write(root, 2, on_pid);
   // torch 1.13 writes storages in sorted(key) order, strings compared ("10" before "2"); torch 2.x
   // with .format_version 1 in numeric key order.
   auto numeric = [](const std::string& k) {
@@ -462,26 +450,54 @@ void write_torch_save(ByteSink& sink, const Value& root, const std::function<Sou
     return std::pair{ec == std::errc() && p == k.data() + k.size() ? 0 : 1, v};
   };
   if (options.layout == TorchSaveLayout::kTorch113) {
-    std::stable_sort(records.begin(), records.end(), [](const Record& x, const Record& y) { return x.key < y.key; });
+    std::stable_sort(storages.begin(), storages.end(),
+                     [](const TorchSaveRecord& x, const TorchSaveRecord& y) { return *x.storage_key < *y.storage_key; });
   } else {
-    std::stable_sort(records.begin(), records.end(),
-                     [&](const Record& x, const Record& y) { return numeric(x.key) < numeric(y.key); });
+    std::stable_sort(storages.begin(), storages.end(), [&](const TorchSaveRecord& x, const TorchSaveRecord& y) {
+      return numeric(*x.storage_key) < numeric(*y.storage_key);
+    });
   }
-
-  detail::ZipWriter zip(sink, options.archive_name);
-  auto text = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };
-  zip.add("data.pkl", pkl);
+  std::vector<TorchSaveRecord> records;
+  auto literal = [&](std::string name, std::string_view text) {
+    const auto b = std::as_bytes(std::span(text.data(), text.size()));
+    records.push_back({std::move(name), b.size(), std::vector<std::byte>(b.begin(), b.end()), std::nullopt});
+  };
+  const std::uint64_t pkl_size = pkl.size();
+  records.push_back({"data.pkl", pkl_size, std::move(pkl), std::nullopt});
   if (options.layout == TorchSaveLayout::kCurrent) {
-    zip.add(".format_version", text("1"));
-    zip.add(".storage_alignment", text("64"));
-    zip.add("byteorder", text("little"));
+    literal(".format_version", "1");
+    literal(".storage_alignment", "64");
+    literal("byteorder", "little");
   }
-  for (const Record& r : records) {
-    zip.begin_record("data/" + r.key, r.size);
-    stream_range(*r.data, 0, r.size, [&](std::span<const std::byte> piece) { zip.write(piece); });
+  for (TorchSaveRecord& r : storages) records.push_back(std::move(r));
+  literal("version", "3\n");
+  return records;
+}
+
+void write_torch_save(ByteSink& sink, const Value& root, const std::function<SourcePtr(const std::string&)>& storage_data,
+                      const TorchSaveWriteOptions& options) {
+  const std::vector<TorchSaveRecord> records = plan_torch_save(root, options, sink.name());
+  std::vector<SourcePtr> data(records.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (!records[i].storage_key) continue;
+    data[i] = storage_data(*records[i].storage_key);
+    if (!data[i] || data[i]->size() != records[i].size) {
+      throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
+                  "storage '" + *records[i].storage_key + "' needs " + std::to_string(records[i].size) + " bytes, its data has " +
+                      (data[i] ? std::to_string(data[i]->size()) : std::string("none")));
+    }
+  }
+  detail::ZipWriter zip(sink, options.archive_name);
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const TorchSaveRecord& r = records[i];
+    if (!data[i]) {
+      zip.add(r.name, r.bytes);
+      continue;
+    }
+    zip.begin_record(r.name, r.size);
+    stream_range(*data[i], 0, r.size, [&](std::span<const std::byte> piece) { zip.write(piece); });
     zip.end_record();
   }
-  zip.add("version", text("3\n"));
   zip.finish();
 }
 
@@ -495,9 +511,17 @@ std::size_t TorchSaveBuilder::add_storage(DType dtype, SourcePtr data) {
     throw Error(ErrorKind::kInvalidArgument, data->name(), std::nullopt,
                 std::to_string(data->size()) + " bytes are not a whole number of " + std::string(name(dtype)) + " elements");
   }
-  storages_.push_back({dtype, std::move(data), pickle::make_str(std::to_string(storages_.size()))});
+  const std::uint64_t nbytes = data->size();
+  storages_.push_back({dtype, nbytes, std::move(data), pickle::make_str(std::to_string(storages_.size()))});
   return storages_.size() - 1;
 }
+
+std::size_t TorchSaveBuilder::reserve_storage(DType dtype, std::uint64_t numel) {
+  storages_.push_back({dtype, numel * element_size(dtype), nullptr, pickle::make_str(std::to_string(storages_.size()))});
+  return storages_.size() - 1;
+}
+
+const std::string& TorchSaveBuilder::storage_key(std::size_t storage) const { return *storages_.at(storage).key->str(); }
 
 pickle::ValuePtr TorchSaveBuilder::tensor(std::size_t storage, std::vector<std::int64_t> shape) {
   std::vector<std::int64_t> stride(shape.size());
@@ -515,7 +539,7 @@ pickle::ValuePtr TorchSaveBuilder::tensor(std::size_t storage, std::vector<std::
   const Storage& s = storages_[storage];
   const DTypeInfo& di = info(s.dtype);
   const bool legacy = !di.storage_class.empty();
-  const std::int64_t numel = static_cast<std::int64_t>(s.data->size() / di.element_size);
+  const std::int64_t numel = static_cast<std::int64_t>(s.nbytes / di.element_size);
   auto ints = [](const std::vector<std::int64_t>& v) {
     std::vector<ValuePtr> out;
     for (auto x : v) out.push_back(pickle::make_int(x));
@@ -523,7 +547,7 @@ pickle::ValuePtr TorchSaveBuilder::tensor(std::size_t storage, std::vector<std::
   };
   ValuePtr pid = pickle::make_persistent_id(pickle::make_tuple(
       {tag_, legacy ? pickle::make_global("torch", std::string(di.storage_class)) : pickle::make_global("torch.storage", "UntypedStorage"),
-       s.key, location_, pickle::make_int(legacy ? numel : static_cast<std::int64_t>(s.data->size()))}));
+       s.key, location_, pickle::make_int(legacy ? numel : static_cast<std::int64_t>(s.nbytes))}));
   std::vector<ValuePtr> args{pid, pickle::make_int(storage_offset), ints(shape), ints(stride), pickle::make_bool(false),
                              pickle::make_object(hooks_global_, pickle::BuildOp::kReduce, pickle::make_tuple())};
   if (!legacy) args.push_back(pickle::make_global("torch", std::string(di.name)));

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// FileSink: the atomic file output every writer uses.
+// FileSink and PositionalFileSink: the atomic file outputs every writer uses.
 //
 // NOTE [Atomic outputs]
 // A file appears under its final name only when it is complete and durable: bytes go to
@@ -22,9 +22,11 @@ namespace {
 
 constexpr std::size_t kBufferSize = std::size_t{1} << 20;
 
-class FileSink final : public ByteSink {
+// The temporary file behind both sinks: created beside the target, moved into place by commit(),
+// unlinked when abandoned.
+class TempFile {
  public:
-  FileSink(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp)
+  TempFile(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp)
       : target_(std::move(target)), temp_(std::move(temp)), overwrite_(overwrite), name_(target_.string()) {
     std::error_code ec;
     if (overwrite_ == Overwrite::kNo && std::filesystem::exists(target_, ec)) {
@@ -40,35 +42,24 @@ class FileSink final : public ByteSink {
     }
     fd_ = ::open(temp_.c_str(), flags, 0644);
     if (fd_ < 0) fail("cannot create temporary file " + temp_.string());
-    buffer_.reserve(kBufferSize);
   }
-  ~FileSink() override {
+  ~TempFile() {
     if (fd_ >= 0) ::close(fd_);
     if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
   }
-  FileSink(const FileSink&) = delete;
-  FileSink& operator=(const FileSink&) = delete;
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
 
-  const std::string& name() const noexcept override { return name_; }
-  std::uint64_t offset() const noexcept override { return written_ + buffer_.size(); }
+  int fd() const noexcept { return fd_; }
+  const std::string& name() const noexcept { return name_; }
+  bool committed() const noexcept { return committed_; }
 
-  void write(std::span<const std::byte> bytes) override {
-    if (committed_) internal_error("write after commit on " + name_);
-    if (buffer_.size() + bytes.size() <= kBufferSize) {
-      buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
-      return;
-    }
-    flush();
-    if (bytes.size() >= kBufferSize) {
-      write_fully(bytes);
-    } else {
-      buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
-    }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(ErrorKind::kIo, name_, std::nullopt, what + ": " + std::strerror(errno));
   }
 
-  void commit() override {
+  void commit() {
     if (committed_) return;
-    flush();
     if (::fsync(fd_) != 0) fail("fsync failed");
     if (::close(fd_) != 0) {
       fd_ = -1;
@@ -87,34 +78,6 @@ class FileSink final : public ByteSink {
       ::unlink(temp_.c_str());
     }
     committed_ = true;
-    sync_directory();
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) {
-    throw Error(ErrorKind::kIo, name_, std::nullopt, what + ": " + std::strerror(errno));
-  }
-
-  void flush() {
-    if (buffer_.empty()) return;
-    write_fully(buffer_);
-    buffer_.clear();
-  }
-
-  void write_fully(std::span<const std::byte> bytes) {
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        fail("write failed at offset " + std::to_string(written_));
-      }
-      done += static_cast<std::size_t>(n);
-      written_ += static_cast<std::uint64_t>(n);
-    }
-  }
-
-  void sync_directory() {
     std::filesystem::path dir = target_.parent_path();
     if (dir.empty()) dir = ".";
     int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -124,14 +87,98 @@ class FileSink final : public ByteSink {
     }
   }
 
+ private:
   std::filesystem::path target_;
   std::filesystem::path temp_;
   Overwrite overwrite_;
   std::string name_;
   int fd_ = -1;
+  bool committed_ = false;
+};
+
+class FileSink final : public ByteSink {
+ public:
+  FileSink(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp)
+      : file_(std::move(target), overwrite, std::move(temp)) {
+    buffer_.reserve(kBufferSize);
+  }
+
+  const std::string& name() const noexcept override { return file_.name(); }
+  std::uint64_t offset() const noexcept override { return written_ + buffer_.size(); }
+
+  void write(std::span<const std::byte> bytes) override {
+    if (file_.committed()) internal_error("write after commit on " + name());
+    if (buffer_.size() + bytes.size() <= kBufferSize) {
+      buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
+      return;
+    }
+    flush();
+    if (bytes.size() >= kBufferSize) {
+      write_fully(bytes);
+    } else {
+      buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
+    }
+  }
+
+  void commit() override {
+    if (file_.committed()) return;
+    flush();
+    file_.commit();
+  }
+
+ private:
+  void flush() {
+    if (buffer_.empty()) return;
+    write_fully(buffer_);
+    buffer_.clear();
+  }
+
+  void write_fully(std::span<const std::byte> bytes) {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t n = ::write(file_.fd(), bytes.data() + done, bytes.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        file_.fail("write failed at offset " + std::to_string(written_));
+      }
+      done += static_cast<std::size_t>(n);
+      written_ += static_cast<std::uint64_t>(n);
+    }
+  }
+
+  TempFile file_;
   std::vector<std::byte> buffer_;
   std::uint64_t written_ = 0;
-  bool committed_ = false;
+};
+
+class PositionalFileSink final : public PositionalSink {
+ public:
+  PositionalFileSink(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp)
+      : file_(std::move(target), overwrite, std::move(temp)) {}
+
+  const std::string& name() const noexcept override { return file_.name(); }
+
+  void resize(std::uint64_t size) override {
+    if (::ftruncate(file_.fd(), static_cast<off_t>(size)) != 0) file_.fail("cannot size the output to " + std::to_string(size) + " bytes");
+  }
+
+  void write_at(std::uint64_t offset, std::span<const std::byte> bytes) override {
+    if (file_.committed()) internal_error("write after commit on " + name());
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t n = ::pwrite(file_.fd(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        file_.fail("write failed at offset " + std::to_string(offset + done));
+      }
+      done += static_cast<std::size_t>(n);
+    }
+  }
+
+  void commit() override { file_.commit(); }
+
+ private:
+  TempFile file_;
 };
 
 }  // namespace
@@ -139,6 +186,11 @@ class FileSink final : public ByteSink {
 std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite,
                                          const std::filesystem::path& temp) {
   return std::make_unique<FileSink>(target, overwrite, temp);
+}
+
+std::unique_ptr<PositionalSink> open_positional_sink(const std::filesystem::path& target, Overwrite overwrite,
+                                                     const std::filesystem::path& temp) {
+  return std::make_unique<PositionalFileSink>(target, overwrite, temp);
 }
 
 }  // namespace ckpt

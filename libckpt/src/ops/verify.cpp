@@ -89,23 +89,18 @@ class Verifier {
   void check_tensor(const TensorEntry& t) {
     // Coverage: every element exactly once. Boxes are inside the tensor (checked on open); no two
     // may overlap, and their volumes must add up to the tensor's.
-    std::uint64_t volume = 0;
-    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-      const Chunk& a = t.chunks[i];
-      volume += box_volume(a.sizes);
-      for (std::size_t k = i + 1; k < t.chunks.size() && !t.shape.empty(); ++k) {
-        const Chunk& b = t.chunks[k];
-        if (intersect(a.offsets, a.sizes, b.offsets, b.sizes)) {
+    tiling_problems(
+        t.shape, t.chunks,
+        [&](std::size_t i, std::size_t k) {
           add(c_.root.string(), std::nullopt,
-              "chunks of '" + t.name + "' at " + detail::shape_text(a.offsets) + " and " + detail::shape_text(b.offsets) + " overlap");
-        }
-      }
-    }
-    if (t.chunks.empty() || (t.shape.empty() ? t.chunks.size() != 1 : volume != t.numel())) {
-      add(c_.root.string(), std::nullopt,
-          "chunks of '" + t.name + "' cover " + std::to_string(volume) + " of its " + std::to_string(t.numel()) +
-              " elements" + (volume < t.numel() ? " (a hole)" : ""));
-    }
+              "chunks of '" + t.name + "' at " + detail::shape_text(t.chunks[i].offsets) + " and " +
+                  detail::shape_text(t.chunks[k].offsets) + " overlap");
+        },
+        [&](std::uint64_t volume, std::uint64_t numel) {
+          add(c_.root.string(), std::nullopt,
+              "chunks of '" + t.name + "' cover " + std::to_string(volume) + " of its " + std::to_string(numel) + " elements" +
+                  (volume < numel ? " (a hole)" : ""));
+        });
     for (const Chunk& ch : t.chunks) {
       if (!ch.location) {
         add(c_.root.string(), std::nullopt, "chunk of '" + t.name + "' at " + detail::shape_text(ch.offsets) + " has no storage_data entry");

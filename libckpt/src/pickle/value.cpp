@@ -2,6 +2,7 @@
 // Value constructors, accessors and repr().
 #include <cmath>
 #include <cstdio>
+#include <unordered_map>
 
 #include "ckpt/pickle.hpp"
 
@@ -61,6 +62,87 @@ std::string canonical_module(std::string module) {
 }
 
 }  // namespace
+
+namespace {
+
+class Rebuilder {
+ public:
+  explicit Rebuilder(const std::function<ValuePtr(const Value&)>& replace) : replace_(replace) {}
+
+  ValuePtr run(const ValuePtr& v) {
+    if (!v) return v;
+    if (auto it = memo_.find(v.get()); it != memo_.end()) return it->second;
+    ValuePtr out = replace_(*v);
+    if (!out) out = children(v);
+    memo_.emplace(v.get(), out);
+    return out;
+  }
+
+ private:
+  // Rebuilds `v` when one of its children changed; returns `v` itself otherwise.
+  ValuePtr children(const ValuePtr& v) {
+    bool changed = false;
+    auto map = [&](const ValuePtr& c) {
+      ValuePtr n = run(c);
+      changed |= n != c;
+      return n;
+    };
+    auto items = [&](const std::vector<ValuePtr>& in) {
+      std::vector<ValuePtr> out;
+      out.reserve(in.size());
+      for (const auto& c : in) out.push_back(map(c));
+      return out;
+    };
+    auto pairs = [&](const std::vector<std::pair<ValuePtr, ValuePtr>>& in) {
+      std::vector<std::pair<ValuePtr, ValuePtr>> out;
+      out.reserve(in.size());
+      for (const auto& [k, x] : in) {
+        ValuePtr nk = map(k);
+        out.emplace_back(std::move(nk), map(x));
+      }
+      return out;
+    };
+    Payload p = std::visit(
+        [&](const auto& x) -> Payload {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, List> || std::is_same_v<T, Tuple> || std::is_same_v<T, Set> ||
+                        std::is_same_v<T, FrozenSet>) {
+            return T{items(x.items)};
+          } else if constexpr (std::is_same_v<T, Dict>) {
+            return Dict{pairs(x.items)};
+          } else if constexpr (std::is_same_v<T, std::unique_ptr<Object>>) {
+            auto o = std::make_unique<Object>();
+            o->callable = map(x->callable);
+            o->op = x->op;
+            o->args = map(x->args);
+            o->kwargs = map(x->kwargs);
+            o->state = map(x->state);
+            o->list_items = items(x->list_items);
+            o->dict_items = pairs(x->dict_items);
+            return o;
+          } else if constexpr (std::is_same_v<T, PersistentId>) {
+            return PersistentId{map(x.pid)};
+          } else {
+            return None{};  // a leaf: never rebuilt
+          }
+        },
+        v->payload);
+    if (!changed) return v;
+    ValuePtr out = wrap_container(std::move(p));
+    out->offset = v->offset;
+    return out;
+  }
+
+  const std::function<ValuePtr(const Value&)>& replace_;
+  std::unordered_map<const Value*, ValuePtr> memo_;
+};
+
+}  // namespace
+
+ValuePtr rebuild(const ValuePtr& root, const std::function<ValuePtr(const Value&)>& replace) {
+  Rebuilder r(replace);
+  return r.run(root);
+}
 
 const Global* Value::global() const noexcept {
   auto* g = std::get_if<std::unique_ptr<Global>>(&payload);

@@ -18,6 +18,7 @@ class Bytes {
   void fill(std::size_t n, std::uint8_t v) { b_.insert(b_.end(), n, std::byte{v}); }
   std::span<const std::byte> span() const { return b_; }
   std::size_t size() const { return b_.size(); }
+  std::vector<std::byte> take() { return std::move(b_); }
 
  private:
   void le(std::uint64_t v, int n) {
@@ -28,22 +29,15 @@ class Bytes {
 
 }  // namespace
 
-ZipWriter::ZipWriter(ByteSink& sink, std::string archive_name, std::uint64_t alignment)
-    : sink_(sink), prefix_(std::move(archive_name) + "/"), alignment_(alignment) {
+ZipLayout::ZipLayout(std::string archive_name, std::uint64_t alignment, std::uint64_t start)
+    : prefix_(std::move(archive_name) + "/"), alignment_(alignment), end_(start) {
   if (alignment_ == 0 || alignment_ > 0x10000) internal_error("zip alignment out of range");
 }
 
-void ZipWriter::add(std::string_view record, std::span<const std::byte> data) {
-  begin_record(record, data.size());
-  write(data);
-  end_record();
-}
-
-void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
-  if (open_) internal_error("ZipWriter::begin_record while a record is open");
-  const std::string name = prefix_ + std::string(record);
-  if (name.size() > 0xffff) throw Error(ErrorKind::kInvalidArgument, sink_.name(), std::nullopt, "record name longer than 65535 bytes");
-  const std::uint64_t cursor = sink_.offset();
+std::vector<std::byte> ZipLayout::add(std::string_view record, std::uint64_t size) {
+  std::string name = prefix_ + std::string(record);
+  if (name.size() > 0xffff) throw Error(ErrorKind::kInvalidArgument, name.substr(0, 64) + "...", std::nullopt, "record name longer than 65535 bytes");
+  const std::uint64_t cursor = end_;
   const bool big_size = size >= kMax32, big_offset = cursor >= kMax32;
   // See spec/FORMATS.md §2.3 for the padding rule (miniz's mz_zip_writer_add_mem_ex_v2 + PyTorch's
   // getPadding): the zip64 part is counted before the FB field.
@@ -79,29 +73,19 @@ void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
   h.u16(0x4246);  // "FB"
   h.u16(pad);
   h.fill(static_cast<std::size_t>(pad), 'Z');
-  sink_.write(h.span());
-  members_.push_back({name, cursor, size, 0});
-  open_ = true;
-  remaining_ = size;
-  crc_ = 0;
+  const std::uint64_t data_offset = cursor + h.size();
+  const std::uint64_t descriptor_size = size == 0 ? 0 : (size >= kMax32 || cursor >= kMax32) ? 24 : 16;
+  members_.push_back({std::move(name), cursor, data_offset, size});
+  end_ = data_offset + size + descriptor_size;
+  return h.take();
 }
 
-void ZipWriter::write(std::span<const std::byte> data) {
-  if (!open_ || data.size() > remaining_) internal_error("ZipWriter::write beyond the declared record size");
-  crc_ = crc32_update(crc_, data);
-  sink_.write(data);
-  remaining_ -= data.size();
-}
-
-void ZipWriter::end_record() {
-  if (!open_ || remaining_ != 0) internal_error("ZipWriter::end_record before the declared size was written");
-  Member& m = members_.back();
-  m.crc = crc_;
-  open_ = false;
-  if (m.size == 0) return;  // miniz writes no descriptor for an empty member
+std::vector<std::byte> ZipLayout::descriptor(std::size_t i, std::uint32_t crc) const {
+  const Member& m = members_.at(i);
   Bytes d;
+  if (m.size == 0) return d.take();  // miniz writes no descriptor for an empty member
   d.u32(0x08074b50);
-  d.u32(m.crc);
+  d.u32(crc);
   if (m.size >= kMax32 || m.header_offset >= kMax32) {
     d.u64(m.size);
     d.u64(m.size);
@@ -109,14 +93,15 @@ void ZipWriter::end_record() {
     d.u32(m.size);
     d.u32(m.size);
   }
-  sink_.write(d.span());
+  return d.take();
 }
 
-void ZipWriter::finish() {
-  if (open_) internal_error("ZipWriter::finish while a record is open");
-  const std::uint64_t cd_offset = sink_.offset();
+std::vector<std::byte> ZipLayout::trailer(std::span<const std::uint32_t> crcs) const {
+  if (crcs.size() != members_.size()) internal_error("ZipLayout::trailer: one CRC per member expected");
+  const std::uint64_t cd_offset = end_;
   Bytes cd;
-  for (const Member& m : members_) {
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = members_[i];
     const bool big_size = m.size >= kMax32, big_offset = m.header_offset >= kMax32;
     cd.u32(0x02014b50);
     cd.u16(0);  // made by
@@ -125,7 +110,7 @@ void ZipWriter::finish() {
     cd.u16(0);
     cd.u16(0);
     cd.u16(0);
-    cd.u32(m.crc);
+    cd.u32(crcs[i]);
     cd.u32(big_size ? kMax32 : m.size);
     cd.u32(big_size ? kMax32 : m.size);
     cd.u16(m.name.size());
@@ -147,34 +132,69 @@ void ZipWriter::finish() {
       if (big_offset) cd.u64(m.header_offset);
     }
   }
-  sink_.write(cd.span());
   const std::uint64_t cd_size = cd.size();
   const std::uint64_t n = members_.size();
-  const std::uint64_t z64_at = sink_.offset();
-  Bytes e;
-  e.u32(0x06064b50);
-  e.u64(44);
-  e.u16(0x031e);
-  e.u16(0x002d);
-  e.u32(0);
-  e.u32(0);
-  e.u64(n);
-  e.u64(n);
-  e.u64(cd_size);
-  e.u64(cd_offset);
-  e.u32(0x07064b50);
-  e.u32(0);
-  e.u64(z64_at);
-  e.u32(1);
-  e.u32(0x06054b50);
-  e.u16(0);
-  e.u16(0);
-  e.u16(std::min<std::uint64_t>(n, 0xffff));
-  e.u16(std::min<std::uint64_t>(n, 0xffff));
-  e.u32(std::min<std::uint64_t>(cd_size, kMax32));
-  e.u32(std::min<std::uint64_t>(cd_offset, kMax32));
-  e.u16(0);
-  sink_.write(e.span());
+  const std::uint64_t z64_at = cd_offset + cd_size;
+  cd.u32(0x06064b50);
+  cd.u64(44);
+  cd.u16(0x031e);
+  cd.u16(0x002d);
+  cd.u32(0);
+  cd.u32(0);
+  cd.u64(n);
+  cd.u64(n);
+  cd.u64(cd_size);
+  cd.u64(cd_offset);
+  cd.u32(0x07064b50);
+  cd.u32(0);
+  cd.u64(z64_at);
+  cd.u32(1);
+  cd.u32(0x06054b50);
+  cd.u16(0);
+  cd.u16(0);
+  cd.u16(std::min<std::uint64_t>(n, 0xffff));
+  cd.u16(std::min<std::uint64_t>(n, 0xffff));
+  cd.u32(std::min<std::uint64_t>(cd_size, kMax32));
+  cd.u32(std::min<std::uint64_t>(cd_offset, kMax32));
+  cd.u16(0);
+  return cd.take();
+}
+
+ZipWriter::ZipWriter(ByteSink& sink, std::string archive_name, std::uint64_t alignment)
+    : sink_(sink), layout_(std::move(archive_name), alignment, sink.offset()) {}
+
+void ZipWriter::add(std::string_view record, std::span<const std::byte> data) {
+  begin_record(record, data.size());
+  write(data);
+  end_record();
+}
+
+void ZipWriter::begin_record(std::string_view record, std::uint64_t size) {
+  if (open_) internal_error("ZipWriter::begin_record while a record is open");
+  if (sink_.offset() != layout_.end()) internal_error("ZipWriter: the sink was written behind the writer's back");
+  sink_.write(layout_.add(record, size));
+  open_ = true;
+  remaining_ = size;
+  crc_ = 0;
+}
+
+void ZipWriter::write(std::span<const std::byte> data) {
+  if (!open_ || data.size() > remaining_) internal_error("ZipWriter::write beyond the declared record size");
+  crc_ = crc32_update(crc_, data);
+  sink_.write(data);
+  remaining_ -= data.size();
+}
+
+void ZipWriter::end_record() {
+  if (!open_ || remaining_ != 0) internal_error("ZipWriter::end_record before the declared size was written");
+  open_ = false;
+  crcs_.push_back(crc_);
+  sink_.write(layout_.descriptor(crcs_.size() - 1, crc_));
+}
+
+void ZipWriter::finish() {
+  if (open_) internal_error("ZipWriter::finish while a record is open");
+  sink_.write(layout_.trailer(crcs_));
 }
 
 }  // namespace ckpt::detail

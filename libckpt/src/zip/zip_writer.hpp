@@ -3,7 +3,12 @@
 // PyTorchStreamWriter does (spec/FORMATS.md §2.3): stored members, flags 0x0808 with a data
 // descriptor, zero times, an `FB` extra field padding each payload to a multiple of the alignment
 // (64), zip64 extras only where a size or offset reaches 0xFFFFFFFF, and always the zip64 end
-// records. CRC-32 is computed while the bytes pass.
+// records.
+//
+// ZipLayout computes every header's bytes and every offset from member names and sizes alone; the
+// CRCs are needed only for the data descriptors and the central directory, which come after the
+// data. So the copy engine can lay a file out first and fill the data in parallel (pwrite), and
+// ZipWriter, the sequential writer, is the same layout written in order.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +20,41 @@
 
 namespace ckpt::detail {
 
+class ZipLayout {
+ public:
+  struct Member {
+    std::string name;           ///< `<archive_name>/<record>`
+    std::uint64_t header_offset;
+    std::uint64_t data_offset;
+    std::uint64_t size;
+  };
+
+  /// Members are named `<archive_name>/<record>`; the archive starts at offset `start`.
+  explicit ZipLayout(std::string archive_name, std::uint64_t alignment = 64, std::uint64_t start = 0);
+
+  /// Appends a member of `size` bytes and returns its local header, which goes at the member's
+  /// header_offset; its data follows at data_offset. Throws kInvalidArgument for a name longer
+  /// than 65535 bytes.
+  std::vector<std::byte> add(std::string_view record, std::uint64_t size);
+  /// The data descriptor of member `i` (empty for an empty member, as miniz writes none); it goes
+  /// at data_offset + size.
+  std::vector<std::byte> descriptor(std::size_t i, std::uint32_t crc) const;
+  /// The central directory and end records, which go at end(); `crcs[i]` is member i's CRC-32.
+  std::vector<std::byte> trailer(std::span<const std::uint32_t> crcs) const;
+  /// The offset after the last member's data descriptor.
+  std::uint64_t end() const noexcept { return end_; }
+  const std::vector<Member>& members() const noexcept { return members_; }
+
+ private:
+  std::string prefix_;
+  std::uint64_t alignment_;
+  std::uint64_t end_;
+  std::vector<Member> members_;
+};
+
+/// ZipLayout written in order through a ByteSink, CRC-32 computed while the bytes pass.
 class ZipWriter {
  public:
-  /// Members are named `<archive_name>/<record>`.
   ZipWriter(ByteSink& sink, std::string archive_name, std::uint64_t alignment = 64);
 
   /// Writes a whole record.
@@ -31,16 +68,9 @@ class ZipWriter {
   void finish();
 
  private:
-  struct Member {
-    std::string name;
-    std::uint64_t header_offset;
-    std::uint64_t size;
-    std::uint32_t crc;
-  };
   ByteSink& sink_;
-  std::string prefix_;
-  std::uint64_t alignment_;
-  std::vector<Member> members_;
+  ZipLayout layout_;
+  std::vector<std::uint32_t> crcs_;
   bool open_ = false;
   std::uint64_t remaining_ = 0;
   std::uint32_t crc_ = 0;

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// The copy engine (DESIGN.md): every writer that produces a big file (merge, shard) lays the file
+// out first from metadata, so every byte's final offset is known, then hands the engine a list of
+// tasks. Each task makes `length` bytes (a range copied from an input, cast or gathered on the
+// way) that go at `offset`; tasks run on `threads` workers and are written with pwrite, so they
+// finish in any order. Memory is bounded by the tasks in flight: one buffer of the largest task
+// per worker (writers cut tasks to kTaskBytes). The CRC-32 of each group of tasks (a zip member)
+// is computed while the bytes pass and combined in offset order, never in a second pass.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/io.hpp"
+#include "ckpt/progress.hpp"
+
+namespace ckpt {
+
+/// The size writers cut copies to: large enough for disk speed, small enough to bound memory.
+constexpr std::uint64_t kTaskBytes = std::uint64_t{8} << 20;
+
+struct CopyTask {
+  std::uint64_t offset = 0;  ///< where the bytes go in the output
+  std::uint64_t length = 0;  ///< how many the task makes
+  std::size_t group = 0;     ///< CRC group: the tasks of one group must tile it, in any order
+  /// Fills `out` (exactly `length` bytes). `scratch` is the worker's to use (a cast reads into
+  /// it). Throws ckpt::Error for bad input.
+  std::function<void(std::span<std::byte> out, std::vector<std::byte>& scratch)> fill;
+};
+
+struct CopyOptions {
+  unsigned threads = 0;           ///< 0: the machine's cores
+  Progress* progress = nullptr;   ///< advanced by bytes written
+};
+
+/// Runs every task into `sink` and returns the CRC-32 of each of `groups` groups (0 for a group
+/// with no task). On the first error the other workers stop and the error is rethrown here; the
+/// sink is left uncommitted (the caller's destructor then removes the temporary file).
+std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> tasks, std::size_t groups,
+                                    const CopyOptions& options = {});
+
+/// The number of workers run_copy uses for `threads` (0 means the machine's cores).
+unsigned copy_threads(unsigned threads) noexcept;
+
+}  // namespace ckpt

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// merge: a sharded checkpoint (DCP or Lightning directory) into one full file, through the copy
+// engine (ckpt/copy.hpp): the output is laid out from metadata, then every chunk is copied into
+// its final offset in parallel, in memory bounded by the tasks in flight.
+//
+// torch output holds what PyTorch's dcp_to_torch_save produces (spec/FORMATS.md §3.10): entries
+// nested by planner_data with torch's set_element rules (a str key makes a dict, an int key a list
+// padded with None), plain dicts and lists, full contiguous CPU tensors, bytes items unpickled into
+// their values (tensors inside them included); for a Lightning folder the top-level keys of meta.pt
+// are then merged in, replacing entries of the same key, as Lightning's consolidate_checkpoint does.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/progress.hpp"
+
+namespace ckpt {
+
+enum class MergeFormat { kTorch, kSafetensors, kHdf5 };
+enum class MergeLayout { kNested, kFlat };
+
+/// `--include GLOB` / `--exclude GLOB`. Applied in order to each entry's FQN (and to each key of
+/// meta.pt): an entry is selected by the last filter that matches it; when none matches, it is
+/// selected unless the first filter is an include.
+struct EntryFilter {
+  bool include = true;
+  std::string glob;
+};
+
+struct MergeOptions {
+  MergeFormat format = MergeFormat::kTorch;
+  MergeLayout layout = MergeLayout::kNested;  ///< torch: nested by planner_data, or {fqn: value}
+  std::optional<std::string> key;             ///< safetensors: the top-level key whose tensors to write
+  std::optional<DType> dtype;                 ///< cast floating tensors (float16/bfloat16/float32/float64)
+  std::vector<EntryFilter> filters;
+  bool model_only = false;                    ///< only the top-level key "model"
+  /// safetensors: the Hugging Face sharded layout in a directory, files of at most this size
+  /// (a tensor larger than it gets a file of its own).
+  std::optional<std::uint64_t> max_shard_size;
+  Overwrite overwrite = Overwrite::kNo;
+  unsigned threads = 0;                       ///< 0: the machine's cores
+  Progress* progress = nullptr;
+};
+
+/// One entry of the output.
+struct MergedEntry {
+  std::string name;          ///< FQN, or the meta.pt key
+  std::string kind;          ///< "tensor", "object" (a bytes item), "meta" (a meta.pt key)
+  std::optional<DType> dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t nbytes = 0;  ///< tensors: in the output dtype
+  std::string file;          ///< the output file it goes to (its name)
+};
+
+struct MergedFile {
+  std::filesystem::path path;
+  std::uint64_t size = 0;
+  std::size_t tensors = 0;
+};
+
+struct MergeResult {
+  std::vector<MergedEntry> entries;  ///< in output order
+  std::vector<MergedFile> files;
+  std::size_t dropped = 0;           ///< entries the filters, --model-only or --key left out
+  std::uint64_t tensor_bytes = 0;
+};
+
+/// Plans the merge of `input` into `output` and, unless `dry_run`, writes it atomically (see
+/// NOTE [Atomic outputs]; a directory output is built under a temporary name and renamed). Throws
+/// ckpt::Error: kInvalidArgument for options that cannot apply (no tensor under --key, an existing
+/// output without Overwrite::kYes), kFormat/kMismatch/kIo for bad input, found before any output
+/// exists where the metadata shows it; a failure while copying removes the partial output.
+MergeResult merge(const Checkpoint& input, const std::filesystem::path& output, const MergeOptions& options, bool dry_run = false);
+
+}  // namespace ckpt

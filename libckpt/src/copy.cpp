@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ckpt/copy.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "ckpt/error.hpp"
+#include "zip/crc32.hpp"
+
+namespace ckpt {
+
+unsigned copy_threads(unsigned threads) noexcept {
+  if (threads) return threads;
+  const unsigned n = std::thread::hardware_concurrency();
+  return n ? n : 1;
+}
+
+std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> tasks, std::size_t groups,
+                                    const CopyOptions& options) {
+  struct Done {
+    std::uint64_t offset, length;
+    std::uint32_t crc;
+  };
+  std::vector<Done> done(tasks.size());
+  std::uint64_t total = 0;
+  for (const CopyTask& t : tasks) {
+    if (t.group >= groups) internal_error("run_copy: task group out of range");
+    total += t.length;
+  }
+  Progress& progress = options.progress ? *options.progress : no_progress();
+  progress.start("copying", total);
+
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex, progress_mutex;
+  auto worker = [&] {
+    std::vector<std::byte> buffer, scratch;
+    try {
+      for (std::size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < tasks.size();) {
+        CopyTask& t = tasks[i];
+        if (buffer.size() < t.length) buffer.resize(static_cast<std::size_t>(t.length));
+        const std::span<std::byte> out(buffer.data(), static_cast<std::size_t>(t.length));
+        t.fill(out, scratch);
+        const std::uint32_t crc = detail::crc32_update(0, out);
+        sink.write_at(t.offset, out);
+        done[i] = {t.offset, t.length, crc};
+        t.fill = nullptr;  // release what the closure holds (sources, item parses)
+        std::lock_guard lock(progress_mutex);
+        progress.advance(t.length);
+      }
+    } catch (...) {
+      failed = true;
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  const unsigned n = std::min<unsigned>(copy_threads(options.threads), static_cast<unsigned>(std::max<std::size_t>(tasks.size(), 1)));
+  if (n <= 1) {
+    worker();
+  } else {
+    std::vector<std::jthread> pool;
+    for (unsigned i = 0; i < n; ++i) pool.emplace_back(worker);
+  }
+  if (error) std::rethrow_exception(error);
+  progress.finish();
+
+  // Combine each group's pieces in offset order; they must tile the group without gaps.
+  std::vector<std::size_t> order(tasks.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return tasks[a].group != tasks[b].group ? tasks[a].group < tasks[b].group : done[a].offset < done[b].offset;
+  });
+  std::vector<std::uint32_t> crcs(groups, 0);
+  std::vector<std::uint64_t> end(groups, 0);
+  std::vector<bool> started(groups, false);
+  for (std::size_t i : order) {
+    const std::size_t g = tasks[i].group;
+    if (started[g] && done[i].offset != end[g]) internal_error("run_copy: the tasks of a CRC group leave a gap or overlap");
+    crcs[g] = started[g] ? detail::crc32_combine(crcs[g], done[i].crc, done[i].length) : done[i].crc;
+    started[g] = true;
+    end[g] = done[i].offset + done[i].length;
+  }
+  return crcs;
+}
+
+}  // namespace ckpt

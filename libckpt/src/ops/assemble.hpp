@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copy tasks that assemble a box of a tensor (the whole tensor for a merge, one rank's slice for a
+// reshard) from the chunks that hold it, C-contiguous, optionally cast.
+//
+// A chunk whose overlap with the box is one contiguous run both in the box and in the chunk's
+// stored elements (every dim-0 shard, the FSDP case) becomes plain range copies of at most
+// kTaskBytes: no buffer beyond the copy's own. Anything else (dim-1 chunks, strided items) is
+// gathered band by band: rows of the box's dim 0 filled from every chunk that crosses them, at
+// most kTaskBytes a band (or one row, when a row is larger).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/copy.hpp"
+#include "ckpt/sharding.hpp"
+
+namespace ckpt::detail {
+
+/// Adds to `tasks` (CRC group `group`) the tasks that write box `dest` of `tensor`, as `out`
+/// elements, C-contiguous from offset `base` of the output. `reader` and `tensor` must outlive
+/// the tasks. Reads every chunk's item header now, so that a missing file or a bad item fails
+/// before any output exists; compressed items are decoded when their task runs. Throws
+/// kFormat/kMismatch for chunks that do not tile `dest` or items that disagree with the metadata.
+void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& tensor, const Box& dest, DType out,
+                   std::uint64_t base, std::size_t group);
+
+/// The whole box of `tensor`.
+Box whole(const TensorEntry& tensor);
+
+}  // namespace ckpt::detail

@@ -1,0 +1,515 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ckpt/ops/merge.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/cast.hpp"
+#include "ckpt/copy.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/safetensors.hpp"
+#include "ckpt/torch_save.hpp"
+#include "ops/assemble.hpp"
+#include "ops/text.hpp"
+#include "zip/zip_writer.hpp"
+
+namespace ckpt {
+namespace {
+
+using pickle::Value;
+using pickle::ValuePtr;
+
+// One key of a planner_data path: a str (a dict key) or an int (a list index).
+struct Key {
+  bool is_int = false;
+  std::string text;
+  std::int64_t index = 0;
+  bool operator==(const Key&) const = default;
+  std::string display() const { return is_int ? std::to_string(index) : text; }
+};
+
+struct Leaf {
+  enum Kind { kTensor, kObject, kMeta } kind;
+  std::string name;
+  std::vector<Key> path;
+  const TensorEntry* tensor = nullptr;
+  DType out{};
+  ValuePtr value;  // objects and meta.pt entries, storages already renumbered
+};
+
+// Where a storage of the output comes from.
+struct StorageSource {
+  const TensorEntry* tensor = nullptr;  // assembled from its chunks, as `out`
+  DType out{};
+  SourcePtr raw;                         // or copied as it is (tensors inside objects)
+};
+
+// The nested output, built with torch's _traverse.set_element rules.
+struct Node {
+  enum Kind { kNone, kDict, kList, kLeaf } kind = kNone;
+  std::vector<std::pair<Key, std::unique_ptr<Node>>> dict;
+  std::vector<std::unique_ptr<Node>> list;
+  const Leaf* leaf = nullptr;
+
+  Node* child(const Key& k) {
+    for (auto& [key, n] : dict) {
+      if (key == k) return n.get();
+    }
+    return nullptr;
+  }
+};
+
+std::string path_text(const std::vector<Key>& path) {
+  std::string s;
+  for (const Key& k : path) s += (s.empty() ? "" : ".") + k.display();
+  return s;
+}
+
+void set_element(Node& root, const Leaf& leaf, const std::string& where) {
+  const std::vector<Key>& path = leaf.path;
+  auto fail = [&](const std::string& what) {
+    throw Error(ErrorKind::kFormat, where, std::nullopt, "planner_data path " + path_text(path) + " of '" + leaf.name + "' " + what);
+  };
+  auto slot = [&](Node& container, const Key& k) -> std::unique_ptr<Node>& {
+    if (container.kind == Node::kDict) {
+      for (auto& [key, n] : container.dict) {
+        if (key == k) return n;
+      }
+      container.dict.emplace_back(k, std::make_unique<Node>());
+      return container.dict.back().second;
+    }
+    if (container.kind != Node::kList) fail("goes through a value that is not a dict or list");
+    if (!k.is_int || k.index < 0) fail("indexes a list with '" + k.display() + "'");
+    while (container.list.size() <= static_cast<std::size_t>(k.index)) container.list.push_back(std::make_unique<Node>());
+    return container.list[static_cast<std::size_t>(k.index)];
+  };
+  Node* cur = &root;
+  for (std::size_t i = 1; i < path.size(); ++i) {
+    std::unique_ptr<Node>& next = slot(*cur, path[i - 1]);
+    if (next->kind == Node::kNone) next->kind = path[i].is_int ? Node::kList : Node::kDict;  // setdefault / None filled
+    cur = next.get();
+  }
+  std::unique_ptr<Node>& last = slot(*cur, path.back());
+  last = std::make_unique<Node>();
+  last->kind = Node::kLeaf;
+  last->leaf = &leaf;
+}
+
+class Merger {
+ public:
+  Merger(const Checkpoint& c, const std::filesystem::path& output, const MergeOptions& o)
+      : c_(c), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
+
+  MergeResult run(bool dry_run) {
+    collect();
+    if (o_.format == MergeFormat::kHdf5) {
+      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt,
+                  "HDF5 output is not implemented in this version; use --format torch or --format safetensors");
+    }
+    if (o_.format == MergeFormat::kTorch) return torch(dry_run);
+    return safetensors(dry_run);
+  }
+
+ private:
+  bool selected(const std::string& name, const std::optional<Key>& top) const {
+    if (o_.model_only && (!top || top->is_int || top->text != "model")) return false;
+    bool sel = o_.filters.empty() || !o_.filters.front().include;
+    for (const EntryFilter& f : o_.filters) {
+      if (detail::glob_match(f.glob, name)) sel = f.include;
+    }
+    return sel;
+  }
+
+  std::vector<Key> path_of(const std::string& fqn) const {
+    if (o_.layout == MergeLayout::kNested) {
+      if (auto it = c_.planner_data.find(fqn); it != c_.planner_data.end()) {
+        const auto* seq = it->second->sequence();
+        const std::string where = (c_.root / ".metadata").string();
+        if (!seq || seq->empty()) {
+          throw Error(ErrorKind::kFormat, where, it->second->offset, "planner_data of '" + fqn + "' is not a non-empty sequence of keys");
+        }
+        std::vector<Key> path;
+        for (const ValuePtr& k : *seq) {
+          if (const std::string* s = k->str()) path.push_back({false, *s, 0});
+          else if (auto i = k->int64()) path.push_back({true, {}, *i});
+          else throw Error(ErrorKind::kFormat, where, k->offset, "planner_data of '" + fqn + "' has a " + k->type_name() + " key");
+        }
+        return path;
+      }
+    }
+    return {Key{false, fqn, 0}};
+  }
+
+  // The leaves in the order the checkpoint stores them, filtered.
+  void collect() {
+    std::vector<std::pair<std::size_t, Leaf>> all;
+    for (const TensorEntry& t : c_.tensors) {
+      Leaf l{Leaf::kTensor, t.name, path_of(t.name), &t, t.dtype, nullptr};
+      if (o_.dtype && is_castable_float(t.dtype)) l.out = *o_.dtype;
+      all.emplace_back(t.position, std::move(l));
+    }
+    for (const ObjectEntry& e : c_.objects) {
+      if (o_.format != MergeFormat::kTorch) {  // tensors only
+        ++dropped_;
+        continue;
+      }
+      all.emplace_back(e.position, Leaf{Leaf::kObject, e.name, path_of(e.name), nullptr, {}, nullptr});
+      objects_.push_back(&e);
+    }
+    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::map<std::string, const ObjectEntry*> by_name;
+    for (const ObjectEntry* e : objects_) by_name[e->name] = e;
+    for (auto& [pos, l] : all) {
+      if (!selected(l.name, l.path.front())) {
+        ++dropped_;
+        continue;
+      }
+      if (l.kind == Leaf::kObject) l.value = import(*by_name[l.name]);
+      leaves_.push_back(std::move(l));
+    }
+    // Lightning's meta.pt: its top-level keys, merged in after the DCP part.
+    if (o_.format == MergeFormat::kTorch) {
+      for (const CheckpointFile& f : c_.files) {
+        if (f.relative != "meta.pt") continue;
+        TorchSaveFile meta = read_torch_save(open_file(f.path));
+        const auto* items = meta.root->dict_items();
+        if (!items) throw Error(ErrorKind::kFormat, f.path.string(), meta.root->offset, "meta.pt holds a " + meta.root->type_name() + ", expected a dict");
+        ValuePtr root = import_file(meta, f.path.string());
+        for (const auto& [k, v] : *root->dict_items()) {
+          Key key = k->str() ? Key{false, *k->str(), 0} : k->int64() ? Key{true, {}, *k->int64()} : Key{false, pickle::repr(*k), 0};
+          if (!k->str() && !k->int64()) {
+            throw Error(ErrorKind::kFormat, f.path.string(), k->offset, "meta.pt has a " + k->type_name() + " key");
+          }
+          if (!selected(key.display(), key)) {
+            ++dropped_;
+            continue;
+          }
+          leaves_.push_back(Leaf{Leaf::kMeta, key.display(), {key}, nullptr, {}, v});
+        }
+      }
+    }
+  }
+
+  // An object entry's value; a bytes item's tensors get storages of the output.
+  ValuePtr import(const ObjectEntry& e) {
+    if (e.value || !e.item) return e.value ? e.value : pickle::make_none();
+    SourcePtr item = reader_.item(*e.item);
+    return import_file(read_torch_save(item), item->name());
+  }
+
+  // The root of `f` with its storages renumbered into the output's (copied as they are).
+  ValuePtr import_file(const TorchSaveFile& f, const std::string& where) {
+    std::map<std::string, std::string> keys;
+    for (const TorchStorage& s : f.storages) {
+      const std::size_t idx = builder_.reserve_storage(s.dtype, s.numel);
+      keys[s.key] = builder_.storage_key(idx);
+      storages_.resize(idx + 1);
+      storages_[idx].raw = s.data;
+    }
+    return pickle::rebuild(f.root, [&](const Value& v) -> ValuePtr {
+      const auto* p = v.get_if<pickle::PersistentId>();
+      if (!p) return nullptr;
+      const auto* pid = p->pid ? p->pid->sequence() : nullptr;
+      if (!pid || pid->size() != 5 || !(*pid)[2]->str() || !keys.count(*(*pid)[2]->str())) {
+        throw Error(ErrorKind::kFormat, where, v.offset, "persistent id is not a storage of this archive");
+      }
+      return pickle::make_persistent_id(
+          pickle::make_tuple({(*pid)[0], (*pid)[1], pickle::make_str(keys[*(*pid)[2]->str()]), (*pid)[3], (*pid)[4]}));
+    });
+  }
+
+  ValuePtr to_value(const Node& n) {
+    switch (n.kind) {
+      case Node::kNone: return pickle::make_none();
+      case Node::kDict: {
+        std::vector<std::pair<ValuePtr, ValuePtr>> items;
+        for (const auto& [k, c] : n.dict) {
+          ValuePtr key = k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text);
+          items.emplace_back(std::move(key), to_value(*c));
+        }
+        return pickle::make_dict(std::move(items));
+      }
+      case Node::kList: {
+        std::vector<ValuePtr> items;
+        for (const auto& c : n.list) items.push_back(to_value(*c));
+        return pickle::make_list(std::move(items));
+      }
+      case Node::kLeaf: {
+        const Leaf& l = *n.leaf;
+        if (l.kind != Leaf::kTensor) return l.value;
+        const std::size_t idx = builder_.reserve_storage(l.out, l.tensor->numel());
+        storages_.resize(idx + 1);
+        storages_[idx].tensor = l.tensor;
+        storages_[idx].out = l.out;
+        return builder_.tensor(idx, l.tensor->shape);
+      }
+    }
+    return nullptr;
+  }
+
+  MergedEntry entry_of(const Leaf& l, const std::string& file) const {
+    MergedEntry e;
+    e.name = l.name;
+    e.kind = l.kind == Leaf::kTensor ? "tensor" : l.kind == Leaf::kObject ? "object" : "meta";
+    e.file = file;
+    if (l.tensor) {
+      e.dtype = l.out;
+      e.shape = l.tensor->shape;
+      e.nbytes = l.tensor->numel() * element_size(l.out);
+    }
+    return e;
+  }
+
+  // Range copies of a raw storage.
+  void add_raw_tasks(const SourcePtr& raw, std::uint64_t base, std::size_t group) {
+    for (std::uint64_t at = 0; at < raw->size(); at += kTaskBytes) {
+      const std::uint64_t n = std::min(kTaskBytes, raw->size() - at);
+      tasks_.push_back({base + at, n, group, [raw, at](std::span<std::byte> out, std::vector<std::byte>&) { raw->read_at(at, out); }});
+    }
+  }
+
+  MergeResult torch(bool dry_run) {
+    Node root;
+    root.kind = Node::kDict;
+    const std::string where = (c_.root / ".metadata").string();
+    for (const Leaf& l : leaves_) {
+      if (l.kind == Leaf::kMeta) {
+        // dict.update: replaces a key in place, appends a new one.
+        std::unique_ptr<Node> n = std::make_unique<Node>();
+        n->kind = Node::kLeaf;
+        n->leaf = &l;
+        if (Node* existing = root.child(l.path.front())) {
+          *existing = std::move(*n);
+        } else {
+          root.dict.emplace_back(l.path.front(), std::move(n));
+        }
+        continue;
+      }
+      set_element(root, l, where);
+    }
+    ValuePtr tree = to_value(root);
+    std::string archive = output_.stem().string();
+    if (archive.empty()) archive = "archive";
+    const std::vector<TorchSaveRecord> records = plan_torch_save(*tree, {archive, TorchSaveLayout::kCurrent}, output_.string());
+
+    detail::ZipLayout layout(archive);
+    std::vector<std::pair<std::uint64_t, std::vector<std::byte>>> headers;
+    for (std::size_t i = 0; i < records.size(); ++i) {
+      const TorchSaveRecord& r = records[i];
+      std::vector<std::byte> header = layout.add(r.name, r.size);
+      const detail::ZipLayout::Member& m = layout.members().back();
+      headers.emplace_back(m.header_offset, std::move(header));
+      if (!r.storage_key) {
+        tasks_.push_back({m.data_offset, r.size, i, [&r](std::span<std::byte> out, std::vector<std::byte>&) {
+                            std::copy(r.bytes.begin(), r.bytes.end(), out.begin());
+                          }});
+        continue;
+      }
+      std::size_t idx = 0;
+      std::from_chars(r.storage_key->data(), r.storage_key->data() + r.storage_key->size(), idx);
+      const StorageSource& s = storages_.at(idx);
+      if (s.tensor) {
+        detail::add_box_tasks(tasks_, reader_, *s.tensor, detail::whole(*s.tensor), s.out, m.data_offset, i);
+      } else {
+        add_raw_tasks(s.raw, m.data_offset, i);
+      }
+    }
+    const std::uint64_t trailer_size = layout.trailer(std::vector<std::uint32_t>(records.size(), 0)).size();
+    const std::uint64_t total = layout.end() + trailer_size;
+
+    MergeResult result;
+    std::size_t ntensors = 0;
+    for (const Leaf& l : leaves_) {
+      result.entries.push_back(entry_of(l, output_.filename().string()));
+      if (l.tensor) {
+        ++ntensors;
+        result.tensor_bytes += result.entries.back().nbytes;
+      }
+    }
+    result.files.push_back({output_, total, ntensors});
+    result.dropped = dropped_;
+    if (dry_run) return result;
+
+    auto sink = open_positional_sink(output_, o_.overwrite);
+    sink->resize(total);
+    for (const auto& [at, bytes] : headers) sink->write_at(at, bytes);
+    const std::vector<std::uint32_t> crcs = run_copy(*sink, std::move(tasks_), records.size(), {o_.threads, o_.progress});
+    for (std::size_t i = 0; i < records.size(); ++i) {
+      const auto& m = layout.members()[i];
+      sink->write_at(m.data_offset + m.size, layout.descriptor(i, crcs[i]));
+    }
+    sink->write_at(layout.end(), layout.trailer(crcs));
+    sink->commit();
+    return result;
+  }
+
+  MergeResult safetensors(bool dry_run) {
+    // Which tensors, under which names.
+    std::optional<std::string> key = o_.key;
+    if (!key) {
+      for (const Leaf& l : leaves_) {
+        if (l.path.size() > 1 && !l.path.front().is_int && l.path.front().text == "model") key = "model";
+      }
+    }
+    std::vector<std::pair<std::string, const Leaf*>> named;
+    for (const Leaf& l : leaves_) {
+      if (!key) {
+        named.emplace_back(l.name, &l);
+        continue;
+      }
+      if (l.path.size() < 2 || l.path.front().is_int || l.path.front().text != *key) {
+        ++dropped_;
+        continue;
+      }
+      named.emplace_back(path_text({l.path.begin() + 1, l.path.end()}), &l);
+    }
+    if (named.empty()) {
+      throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt,
+                  key ? "no tensor is under the top-level key '" + *key + "' (see fsdp-ckpt-inspect for the entries)"
+                      : std::string("no tensor is selected"));
+    }
+    // Hugging Face's greedy split, in entry order.
+    std::vector<std::vector<std::pair<std::string, const Leaf*>>> shards(1);
+    std::uint64_t in_shard = 0;
+    for (auto& n : named) {
+      const std::uint64_t b = n.second->tensor->numel() * element_size(n.second->out);
+      if (o_.max_shard_size && !shards.back().empty() && in_shard + b > *o_.max_shard_size) {
+        shards.emplace_back();
+        in_shard = 0;
+      }
+      shards.back().push_back(n);
+      in_shard += b;
+    }
+    const bool dir = o_.max_shard_size.has_value();
+    const std::vector<std::pair<std::string, std::string>> metadata{
+        {"format", "pt"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}};
+
+    struct Planned {
+      std::string name;
+      SafetensorsLayout layout;
+      std::vector<const Leaf*> leaves;  // in layout order
+    };
+    std::vector<Planned> files;
+    MergeResult result;
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      std::string fname = output_.filename().string();
+      if (dir) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+        fname = shards.size() == 1 ? "model.safetensors" : buf;
+      }
+      std::vector<SafetensorsEntry> entries;
+      std::map<std::string, const Leaf*> by_name;
+      for (const auto& [n, l] : shards[s]) {
+        std::vector<std::uint64_t> shape(l->tensor->shape.begin(), l->tensor->shape.end());
+        entries.push_back({n, l->out, std::move(shape), nullptr});
+        if (!by_name.emplace(n, l).second) {
+          throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt, "two tensors would both be named '" + n + "'");
+        }
+      }
+      Planned p{fname, plan_safetensors(std::move(entries), metadata, fname), {}};
+      for (const auto& e : p.layout.entries) {
+        p.leaves.push_back(by_name.at(e.name));
+        result.entries.push_back(entry_of(*by_name.at(e.name), fname));
+        result.entries.back().name = e.name;
+        result.tensor_bytes += e.nbytes();
+      }
+      result.files.push_back({dir ? output_ / fname : output_, p.layout.size, p.leaves.size()});
+      files.push_back(std::move(p));
+    }
+    std::string index;
+    if (dir && files.size() > 1) {
+      nlohmann::ordered_json j;
+      j["metadata"]["total_size"] = result.tensor_bytes;
+      std::map<std::string, std::string> weight_map;
+      for (const MergedEntry& e : result.entries) weight_map[e.name] = e.file;
+      j["weight_map"] = weight_map;
+      index = j.dump(2, ' ', true) + "\n";
+      result.files.push_back({output_ / "model.safetensors.index.json", index.size(), 0});
+    }
+    result.dropped = dropped_;
+    if (dry_run) return result;
+
+    std::error_code ec;
+    if (o_.overwrite == Overwrite::kNo && std::filesystem::exists(output_, ec)) {
+      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt, "output exists already (use --force to replace it)");
+    }
+    const std::filesystem::path into = dir ? temp_dir() : output_.parent_path();
+    try {
+      for (const Planned& p : files) {
+        tasks_.clear();
+        for (std::size_t i = 0; i < p.leaves.size(); ++i) {
+          const Leaf& l = *p.leaves[i];
+          detail::add_box_tasks(tasks_, reader_, *l.tensor, detail::whole(*l.tensor), l.out, p.layout.begins[i], 0);
+        }
+        auto sink = open_positional_sink(dir ? into / p.name : output_, dir ? Overwrite::kNo : o_.overwrite);
+        sink->resize(p.layout.size);
+        sink->write_at(0, p.layout.head);
+        run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress});
+        sink->commit();
+      }
+      if (!index.empty()) {
+        auto sink = open_file_sink(into / "model.safetensors.index.json", Overwrite::kNo);
+        sink->write(index.data(), index.size());
+        sink->commit();
+      }
+      if (dir) move_dir_into_place(into);
+    } catch (...) {
+      if (dir) std::filesystem::remove_all(into, ec);
+      throw;
+    }
+    return result;
+  }
+
+  std::filesystem::path temp_dir() const {
+    std::filesystem::path t = output_;
+    t += ".tmp." + std::to_string(::getpid());
+    std::error_code ec;
+    std::filesystem::remove_all(t, ec);
+    if (!std::filesystem::create_directories(t, ec) && ec) {
+      throw Error(ErrorKind::kIo, t.string(), std::nullopt, "cannot create the output directory: " + ec.message());
+    }
+    return t;
+  }
+
+  // NOTE [Atomic outputs] for a directory: built under a temporary name, then renamed; a replaced
+  // output is moved aside first and removed only after the new one is in place.
+  void move_dir_into_place(const std::filesystem::path& built) const {
+    std::error_code ec;
+    std::filesystem::path old;
+    if (std::filesystem::exists(output_, ec)) {
+      old = output_;
+      old += ".old." + std::to_string(::getpid());
+      std::filesystem::rename(output_, old, ec);
+      if (ec) throw Error(ErrorKind::kIo, output_.string(), std::nullopt, "cannot move the old output aside: " + ec.message());
+    }
+    std::filesystem::rename(built, output_, ec);
+    if (ec) throw Error(ErrorKind::kIo, output_.string(), std::nullopt, "cannot move the new output into place: " + ec.message());
+    if (!old.empty()) std::filesystem::remove_all(old, ec);
+  }
+
+  const Checkpoint& c_;
+  std::filesystem::path output_;
+  const MergeOptions& o_;
+  ChunkReader reader_;
+  std::vector<const ObjectEntry*> objects_;
+  std::vector<Leaf> leaves_;
+  std::size_t dropped_ = 0;
+  TorchSaveBuilder builder_;
+  std::vector<StorageSource> storages_;
+  std::vector<CopyTask> tasks_;
+};
+
+}  // namespace
+
+MergeResult merge(const Checkpoint& input, const std::filesystem::path& output, const MergeOptions& options, bool dry_run) {
+  Merger m(input, output, options);
+  return m.run(dry_run);
+}
+
+}  // namespace ckpt

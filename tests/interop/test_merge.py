@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""fsdp-ckpt-merge against PyTorch. Each output is read with torch.load(weights_only=True) and
+must equal PyTorch's own merge of the same folder bit for bit: torch 1.13's load_state_dict
+(no_dist=True) into full tensors for 1.13 input, and for 2.x-layout input the tensors assembled
+from torch.load of every item, nested by planner_data as dcp_to_torch_save nests them. Casts must
+equal Tensor.to(); safetensors output is checked with json and struct alone."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import args, check, finish, import_torch, probe, skip, tmpdir  # noqa: E402
+import dcp_oracle  # noqa: E402
+
+a = args()
+sys.path.insert(0, os.path.join(a.testdata, "gen"))
+import torch113_compat  # noqa: F401,E402  (harness-only patch; see that file)
+
+torch = import_torch()
+work = tmpdir()
+
+
+def merge(*argv, expect=0):
+    r = subprocess.run([a.merge, "-q", *argv], capture_output=True, text=True)
+    assert r.returncode == expect, f"fsdp-ckpt-merge {' '.join(argv)}: exit {r.returncode}, stderr: {r.stderr.strip()}"
+    return r
+
+
+def load(path):
+    return torch.load(path, weights_only=True)
+
+
+def fixture(world):
+    return os.path.join(a.testdata, "dcp", f"torch113_{world}rank")
+
+
+def our_sample(world, compression="none", layout="2.x"):
+    d = os.path.join(work, f"sample_{world}_{layout}_{compression}")
+    if not os.path.exists(d):
+        probe(a, "write-dcp", d, str(world), layout, compression)
+    return d
+
+
+def leftovers(directory):
+    return [f for f in os.listdir(directory) if ".tmp." in f]
+
+
+def test_113(world):
+    def run():
+        out = os.path.join(work, f"f113_{world}.pt")
+        merge(fixture(world), "-o", out)
+        dcp_oracle.same(torch, load(out), dcp_oracle.load_113(torch, fixture(world)))
+        # and the file is a well-formed zip: torch's reader checks every CRC-32 it reads
+        assert subprocess.run(["/usr/bin/python3", "-c", f"import zipfile; z = zipfile.ZipFile({out!r}); "
+                               "assert z.testzip() is None"]).returncode == 0, "zipfile found a bad CRC"
+    return run
+
+
+def test_2x(world, compression):
+    def run():
+        src = our_sample(world, compression)
+        out = os.path.join(work, f"s2x_{world}_{compression}.pt")
+        merge(src, "-o", out)
+        dcp_oracle.install_2x_stubs()
+        got, want = load(out), dcp_oracle.dcp_to_torch_save(torch, src)
+        assert isinstance(got["model"], dict) and "embed.weight" in got["model"], list(got)
+        dcp_oracle.same(torch, got, want)
+    return run
+
+
+def test_flat():
+    src = our_sample(3)
+    out = os.path.join(work, "flat.pt")
+    merge(src, "-o", out, "--layout", "flat")
+    got = load(out)
+    tensors, objects = dcp_oracle.python_read(torch, src)
+    assert set(got) == set(tensors) | set(objects), sorted(set(got) ^ (set(tensors) | set(objects)))
+    for k, v in tensors.items():
+        dcp_oracle.same(torch, got[k], v, k)
+
+
+def test_megatron():
+    src = os.path.join(a.shared, "LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt")
+    out = os.path.join(work, "megatron.pt")
+    merge(src, "-o", out)
+    dcp_oracle.install_2x_stubs()
+    want = dcp_oracle.dcp_to_torch_save(torch, src)
+    # Its bytes items hold Python floats, which torch 1.13's weights_only loader refuses (it does
+    # not know BINFLOAT; 2.x accepts it): load the whole file unrestricted, and the tensors alone
+    # with weights_only=True from a --model-only merge below.
+    got = torch.load(out)
+    dcp_oracle.same(torch, got, want)
+    tensors_only = os.path.join(work, "megatron_tensors.pt")
+    merge(src, "-o", tensors_only, "--layout", "flat", "--exclude", "*", "--include", "*.weight", "--include", "*.bias")
+    t = load(tensors_only)
+    assert t and all(isinstance(v, torch.Tensor) for v in t.values()), "a non-tensor slipped through the filters"
+
+
+def same_cast(got, want, where):
+    """Bit for bit, except that a NaN's bits may differ: torch 1.13's own CPU cast gives a NaN
+    0xFFFF in bfloat16 inside its vector loop and 0x7FC0 in the scalar tail (and keeps the payload
+    in float16 only in the vector loop), so its NaN bits depend on the position. We write c10's
+    scalar NaN everywhere; NaN must stay NaN at the same places."""
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{where}: {got.dtype}{list(got.shape)} vs {want.dtype}{list(want.shape)}"
+    if not got.is_floating_point():
+        dcp_oracle.same(torch, got, want, where)
+        return
+    gn, wn = torch.isnan(got), torch.isnan(want)
+    assert torch.equal(gn, wn), f"{where}: NaN at different places"
+    dcp_oracle.same(torch, torch.where(gn, torch.zeros_like(got), got), torch.where(wn, torch.zeros_like(want), want), where)
+
+
+def test_casts():
+    src = our_sample(2)
+    base = os.path.join(work, "cast_base.pt")
+    merge(src, "-o", base, "--layout", "flat")
+    plain = load(base)
+    for flag, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32), ("fp64", torch.float64)]:
+        out = os.path.join(work, f"cast_{flag}.pt")
+        merge(src, "-o", out, "--layout", "flat", "--dtype", flag)
+        got = load(out)
+        for k, v in plain.items():
+            if not isinstance(v, torch.Tensor):
+                continue
+            want = v.to(dtype) if v.is_floating_point() else v
+            same_cast(got[k], want, f"{k} as {flag}")
+
+
+def test_casts_special_values():
+    # Values that exercise rounding: ties, subnormals, overflow to inf, NaN, -0.0, from every float dtype.
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(4096, generator=g, dtype=torch.float64) * torch.logspace(-45, 40, 4096, base=2.0, dtype=torch.float64)
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 65504.0, 65520.0, 65519.99,
+                            2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.5, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,
+                            3.3895313892515355e38, 1e39, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8], dtype=torch.float64)
+    values = torch.cat([base, special, -special])
+    from torch.distributed._shard.checkpoint import FileSystemWriter, save_state_dict
+    d = os.path.join(work, "special")
+    sd = {f"t.{str(dt).split('.')[1]}": values.to(dt) for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
+    save_state_dict(sd, FileSystemWriter(d), no_dist=True)
+    for flag, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32), ("fp64", torch.float64)]:
+        out = os.path.join(work, f"special_{flag}.pt")
+        merge(d, "-o", out, "--dtype", flag)
+        got = load(out)
+        for k, v in sd.items():
+            same_cast(got[k], v.to(dtype), f"{k} as {flag}")
+
+
+def read_safetensors(path):
+    """The header with json and struct only, and each tensor's raw bytes."""
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    assert n % 8 == 0, "header not padded to 8"
+    body = data[8 + n:]
+    meta = header.pop("__metadata__", {})
+    spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in header.items())
+    at = 0
+    for b, e, k in spans:
+        assert b == at, f"{k}: hole or overlap at {b}"
+        at = e
+    assert at == len(body), "trailing bytes"
+    return meta, {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+
+
+ST = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64", torch.bool: "BOOL", torch.float64: "F64"}
+
+
+def raw(t):
+    t = t.contiguous().reshape(-1)
+    return bytes((t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).numpy())
+
+
+def test_safetensors_single():
+    src = our_sample(3)
+    out = os.path.join(work, "model.safetensors")
+    merge(src, "-o", out)
+    meta, tensors = read_safetensors(out)
+    assert meta.get("format") == "pt" and meta.get("source"), meta
+    dcp_oracle.install_2x_stubs()
+    want = dcp_oracle.dcp_to_torch_save(torch, src)["model"]
+    assert set(tensors) == set(want), sorted(set(tensors) ^ set(want))
+    for k, v in want.items():
+        dt, shape, b = tensors[k]
+        assert dt == ST[v.dtype] and shape == list(v.shape) and b == raw(v), k
+
+
+def test_safetensors_sharded():
+    src = fixture(4)
+    out = os.path.join(work, "sharded")
+    merge(src, "-o", out, "--max-shard-size", "200B")
+    index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+    files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
+    assert len(files) > 1 and all(f.startswith("model-") and f"-of-{len(files):05d}" in f for f in files), files
+    want = dcp_oracle.load_113(torch, src)
+    tensors = {k: v for k, v in want.items() if isinstance(v, torch.Tensor)}
+    assert sorted(index["weight_map"]) == sorted(tensors), "the index must list every tensor once"
+    seen = {}
+    for f in files:
+        _, ts = read_safetensors(os.path.join(out, f))
+        for k, (dt, shape, b) in ts.items():
+            assert k not in seen and index["weight_map"][k] == f, k
+            seen[k] = b
+            assert dt == ST[tensors[k].dtype] and shape == list(tensors[k].shape) and b == raw(tensors[k]), k
+    assert index["metadata"]["total_size"] == sum(len(b) for b in seen.values())
+
+
+def test_filters():
+    src = fixture(2)
+    out = os.path.join(work, "filtered.pt")
+    merge(src, "-o", out, "--include", "model.*", "--exclude", "*.bias")
+    got = load(out)
+    full = dcp_oracle.load_113(torch, src)
+    assert list(got) == [k for k in full if k.startswith("model.") and not k.endswith(".bias")], list(got)
+    merge(src, "-o", out, "--force", "--exclude", "optim.*")
+    assert list(load(out)) == [k for k in full if not k.startswith("optim.")]
+    src2 = our_sample(2)
+    out2 = os.path.join(work, "model_only.pt")
+    merge(src2, "-o", out2, "--model-only")
+    assert list(load(out2)) == ["model"], list(load(out2))
+
+
+def test_refusals():
+    src = fixture(2)
+    out = os.path.join(work, "exists.pt")
+    open(out, "wb").write(b"keep me")
+    r = merge(src, "-o", out, expect=1)
+    assert "exists" in r.stderr and open(out, "rb").read() == b"keep me", r.stderr
+    d = os.path.join(work, "dry")
+    os.makedirs(d)
+    r = merge(src, "-o", os.path.join(d, "x.pt"), "--dry-run")
+    assert os.listdir(d) == [] and "model.embed.weight" in r.stdout, r.stdout
+
+
+def test_late_failure_leaves_nothing():
+    # A compressed item is decoded while copying: corrupt one in the middle of the last file.
+    src = os.path.join(work, "corrupt")
+    shutil.copytree(our_sample(2, "zstd"), src)
+    last = sorted(f for f in os.listdir(src) if f.endswith(".distcp"))[-1]
+    p = os.path.join(src, last)
+    data = bytearray(open(p, "rb").read())
+    mid = len(data) // 2
+    data[mid:mid + 64] = b"\xff" * 64
+    open(p, "wb").write(bytes(data))
+    outdir = os.path.join(work, "late")
+    os.makedirs(outdir)
+    r = merge(src, "-o", os.path.join(outdir, "x.pt"), expect=1)
+    assert "error" in r.stderr and os.listdir(outdir) == [], (r.stderr, os.listdir(outdir))
+    # and a missing file
+    src2 = os.path.join(work, "missing")
+    shutil.copytree(fixture(4), src2)
+    os.remove(os.path.join(src2, "__2_0.distcp"))
+    r = merge(src2, "-o", os.path.join(outdir, "y.pt"), expect=1)
+    assert "__2_0.distcp" in r.stderr and os.listdir(outdir) == [], r.stderr
+    r = merge(src2, "-o", os.path.join(outdir, "y.safetensors"), expect=1)
+    assert os.listdir(outdir) == [], os.listdir(outdir)
+
+
+if not a.merge:
+    print("FAIL: --merge (the fsdp-ckpt-merge binary) is required")
+    sys.exit(1)
+check("1.13 DCP, 2 Gloo ranks: merge == torch 1.13 load_state_dict into full tensors", test_113(2))
+check("1.13 DCP, 4 Gloo ranks (dim-1 chunks, a rank without a chunk): merge == torch 1.13 load_state_dict", test_113(4))
+check("our 2.x-layout DCP, 3 ranks: merge == dcp_to_torch_save's nesting of torch.load'ed items", test_2x(3, "none"))
+check("our 2.x-layout DCP, 2 ranks, stream.zstd/1 items: merge == PyTorch's merge", test_2x(2, "zstd"))
+check("--layout flat: {fqn: value}", test_flat)
+if os.path.isdir(a.shared):
+    check("real torch 2.4 Megatron checkpoint: merge == PyTorch's merge", test_megatron)
+else:
+    skip("real torch 2.4 Megatron checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
+check("--dtype bf16/fp16/fp32/fp64 == Tensor.to() bit for bit; integer tensors untouched", test_casts)
+check("--dtype on ties, subnormals, overflow, NaN and -0.0 from every float dtype == Tensor.to()", test_casts_special_values)
+check("safetensors: the tensors under 'model', named by their path, checked with json/struct", test_safetensors_single)
+check("safetensors --max-shard-size: Hugging Face shards and an index listing every tensor once", test_safetensors_sharded)
+check("--include/--exclude in order, --model-only", test_filters)
+check("an existing output is refused without --force; --dry-run writes nothing", test_refusals)
+check("a failure found while copying (corrupt zstd item) or before (missing .distcp) leaves nothing", test_late_failure_leaves_nothing)
+finish()

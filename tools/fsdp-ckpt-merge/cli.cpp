@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp-ckpt-merge/cli.hpp"
+
+#include <filesystem>
+
+#include "ckpt/cast.hpp"
+#include "common/cli_common.hpp"
+
+namespace fsdp_tools {
+
+std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
+  auto app = std::make_unique<CLI::App>();
+  app->name("fsdp-ckpt-merge");
+  setup_app(*app, "fsdp-ckpt-merge",
+            "Merge a sharded checkpoint (DCP or Lightning directory) into one full file: torch.save, safetensors "
+            "(one file, or Hugging Face shards with an index), streaming, in bounded memory.");
+  app->add_option("input", o.input, "sharded checkpoint directory (any format fsdp-ckpt-inspect reads)")->required()->check(CLI::ExistingPath);
+  app->add_option("-o,--output", o.output, "output file (a directory with --max-shard-size)")->required();
+  app->add_option("--format", o.format, "torch, safetensors or hdf5 (default: from OUTPUT's extension, else torch)")
+      ->check(CLI::IsMember({"torch", "safetensors", "hdf5"}));
+  app->add_option("--layout", o.layout, "torch output: nested by planner_data, as dcp_to_torch_save writes it, or flat {fqn: value}")
+      ->check(CLI::IsMember({"nested", "flat"}));
+  app->add_option("--key", o.key, "safetensors: write the tensors under this top-level key (default: model, when there is one)");
+  app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
+      ->check(CLI::IsMember({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float", "fp64", "float64", "double"}));
+  app->add_option("--include", o.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)");
+  app->add_option("--exclude", o.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)");
+  app->add_flag("--model-only", o.model_only, "keep only the top-level key 'model'");
+  app->add_option("--max-shard-size", o.max_shard_size, "safetensors: write Hugging Face shards of at most SIZE (5GB, 500MiB) into the OUTPUT directory");
+  app->add_flag("--dry-run", o.dry_run, "print the plan (entries, bytes, output files) and write nothing");
+  app->add_flag("-f,--force", o.force, "replace OUTPUT when it exists");
+  app->add_option("-j,--threads", o.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
+  app->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+  app->add_flag("--json", o.json, "print the result (or the plan) as one JSON object");
+  return app;
+}
+
+std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv) {
+  std::vector<ckpt::EntryFilter> out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--") break;
+    for (const auto& [flag, include] : {std::pair{std::string_view("--include"), true}, std::pair{std::string_view("--exclude"), false}}) {
+      if (a == flag && i + 1 < argc) {
+        out.push_back({include, argv[++i]});
+      } else if (a.size() > flag.size() && a.substr(0, flag.size()) == flag && a[flag.size()] == '=') {
+        out.push_back({include, std::string(a.substr(flag.size() + 1))});
+      }
+    }
+  }
+  return out;
+}
+
+ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFilter> filters) {
+  ckpt::MergeOptions m;
+  std::string format = o.format;
+  if (format.empty()) {
+    const std::string ext = std::filesystem::path(o.output).extension().string();
+    if (ext == ".safetensors" || !o.max_shard_size.empty()) format = "safetensors";
+    else if (ext == ".h5" || ext == ".hdf5") format = "hdf5";
+    else format = "torch";
+  }
+  m.format = format == "safetensors" ? ckpt::MergeFormat::kSafetensors : format == "hdf5" ? ckpt::MergeFormat::kHdf5 : ckpt::MergeFormat::kTorch;
+  m.layout = o.layout == "flat" ? ckpt::MergeLayout::kFlat : ckpt::MergeLayout::kNested;
+  if (!o.key.empty()) {
+    if (m.format != ckpt::MergeFormat::kSafetensors) throw CLI::ValidationError("--key", "applies to safetensors output only");
+    m.key = o.key;
+  }
+  if (!o.dtype.empty()) {
+    const std::string& d = o.dtype;
+    m.dtype = d == "bf16" || d == "bfloat16" ? ckpt::DType::kBFloat16
+              : d == "fp16" || d == "float16" || d == "half" ? ckpt::DType::kFloat16
+              : d == "fp64" || d == "float64" || d == "double" ? ckpt::DType::kFloat64
+                                                                : ckpt::DType::kFloat32;
+  }
+  m.filters = std::move(filters);
+  m.model_only = o.model_only;
+  if (!o.max_shard_size.empty()) {
+    if (m.format != ckpt::MergeFormat::kSafetensors) throw CLI::ValidationError("--max-shard-size", "applies to safetensors output only");
+    m.max_shard_size = parse_byte_size(o.max_shard_size);
+    if (*m.max_shard_size == 0) throw CLI::ValidationError("--max-shard-size", "must be more than 0 bytes");
+  }
+  m.overwrite = o.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
+  m.threads = o.threads;
+  return m;
+}
+
+}  // namespace fsdp_tools

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// fsdp-ckpt-merge's command line: the options struct (the single source of defaults), make_app(),
+// and the translation into ckpt::MergeOptions.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckpt/ops/merge.hpp"
+
+namespace fsdp_tools {
+
+struct MergeCliOptions {
+  std::string input;
+  std::string output;
+  std::string format;  ///< empty: from OUTPUT's extension
+  std::string layout = "nested";
+  std::string key;
+  std::string dtype;
+  std::vector<std::string> include, exclude;  ///< parsed by CLI11; their order comes from filters_in_order()
+  bool model_only = false;
+  std::string max_shard_size;
+  bool dry_run = false;
+  bool force = false;
+  unsigned threads = 0;
+  bool quiet = false;
+  bool json = false;
+};
+
+std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& options);
+
+/// --include and --exclude in the order argv gives them.
+std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv);
+
+/// Throws CLI::ValidationError for values the parser could not check alone.
+ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFilter> filters);
+
+}  // namespace fsdp_tools
