@@ -5,6 +5,7 @@
 #include <zstd.h>
 
 #include "ckpt/dcp.hpp"
+#include "ckpt/hdf5.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
@@ -110,6 +111,7 @@ Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
     case Format::kSafetensors: return open_safetensors_checkpoint(path);
     case Format::kDcp:
     case Format::kLightningSharded: return open_dcp(path, trees);
+    case Format::kHdf5: return open_hdf5_checkpoint(path);
     case Format::kUnknown: {
       std::error_code ec;
       if (std::filesystem::is_directory(path, ec)) {
@@ -122,7 +124,7 @@ Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
                   "not a checkpoint this tool recognises (torch.save zip, safetensors, DCP directory)");
     }
     default:
-      // TODO(fsdp-tools): safetensors index and HDF5 readers (#4).
+      // TODO(fsdp-tools): the safetensors index reader (#3).
       throw Error(ErrorKind::kUnsupported, path.string(), std::nullopt,
                   std::string(to_string(f)) + " checkpoints are recognised but not readable by this version yet");
   }

@@ -72,6 +72,21 @@ def test_2x(world, compression):
     return run
 
 
+def test_lightning():
+    # A Lightning sharded folder: the DCP part plus meta.pt (torch.save of the other state). Its
+    # keys are merged in last, replacing DCP entries of the same key in place (dict.update), as
+    # Lightning's consolidate_checkpoint does; tensors inside meta.pt come along.
+    src = os.path.join(work, "lightning")
+    shutil.copytree(fixture(2), src)
+    meta = {"epoch": 9, "global_step": 1234, "hparams": {"name": "tiny", "layers": [2, 3]}, "rng": torch.arange(5)}
+    torch.save(meta, os.path.join(src, "meta.pt"))
+    out = os.path.join(work, "lightning.pt")
+    merge(src, "-o", out)
+    want = dcp_oracle.load_113(torch, src)
+    want.update(torch.load(os.path.join(src, "meta.pt")))
+    dcp_oracle.same(torch, load(out), want)
+
+
 def test_flat():
     src = our_sample(3)
     out = os.path.join(work, "flat.pt")
@@ -209,6 +224,42 @@ def test_safetensors_sharded():
     assert index["metadata"]["total_size"] == sum(len(b) for b in seen.values())
 
 
+def test_hdf5():
+    # Read back with h5py (Debian's python3-h5py) and h5dump, not with our reader.
+    import h5py
+    import numpy
+    for src, want in [(fixture(4), dcp_oracle.load_113(torch, fixture(4))), (our_sample(3), None)]:
+        out = os.path.join(work, os.path.basename(src) + ".h5")
+        merge(src, "-o", out)
+        if want is None:
+            dcp_oracle.install_2x_stubs()
+            want, _ = dcp_oracle.python_read(torch, src)
+            # the sample's planner_data puts model.embed.weight at ("model", "embed.weight")
+            assert "embed.weight" in h5py.File(out)["model"], "groups must follow planner_data"
+            want = {"model/embed.weight" if k == "model.embed.weight" else k: v for k, v in want.items()}
+        f = h5py.File(out, "r")
+        seen = []
+        f.visititems(lambda name, obj: seen.append(name) if isinstance(obj, h5py.Dataset) else None)
+        tensors = {k: v for k, v in want.items() if isinstance(v, torch.Tensor)}
+        assert sorted(seen) == sorted(tensors), sorted(set(seen) ^ set(tensors))
+        for k, v in tensors.items():
+            ds = f[k]
+            assert ds.attrs["dtype"].decode() == str(v.dtype).split(".")[1], (k, ds.attrs["dtype"])
+            assert list(ds.attrs["shape"]) == list(v.shape) and ds.shape == tuple(v.shape), k
+            arr = numpy.asarray(ds[()])
+            if v.dtype == torch.bfloat16:
+                assert arr.dtype == numpy.uint16, arr.dtype
+                got = torch.from_numpy(arr.copy().reshape(-1).view(numpy.int16)).view(torch.bfloat16)
+            elif v.dtype == torch.bool:
+                assert arr.dtype == numpy.uint8, arr.dtype
+                got = torch.from_numpy(arr.copy().reshape(-1)).to(torch.bool)
+            else:
+                got = torch.from_numpy(arr.copy().reshape(-1))
+            dcp_oracle.same(torch, got.reshape(v.shape), v, k)
+        r = subprocess.run(["h5dump", "-H", out], capture_output=True, text=True)
+        assert r.returncode == 0 and "DATASET" in r.stdout, r.stderr
+
+
 def test_filters():
     src = fixture(2)
     out = os.path.join(work, "filtered.pt")
@@ -267,6 +318,7 @@ check("1.13 DCP, 2 Gloo ranks: merge == torch 1.13 load_state_dict into full ten
 check("1.13 DCP, 4 Gloo ranks (dim-1 chunks, a rank without a chunk): merge == torch 1.13 load_state_dict", test_113(4))
 check("our 2.x-layout DCP, 3 ranks: merge == dcp_to_torch_save's nesting of torch.load'ed items", test_2x(3, "none"))
 check("our 2.x-layout DCP, 2 ranks, stream.zstd/1 items: merge == PyTorch's merge", test_2x(2, "zstd"))
+check("Lightning folder: meta.pt keys merged in last, replacing in place, as consolidate_checkpoint does", test_lightning)
 check("--layout flat: {fqn: value}", test_flat)
 if os.path.isdir(a.shared):
     check("real torch 2.4 Megatron checkpoint: merge == PyTorch's merge", test_megatron)
@@ -276,6 +328,7 @@ check("--dtype bf16/fp16/fp32/fp64 == Tensor.to() bit for bit; integer tensors u
 check("--dtype on ties, subnormals, overflow, NaN and -0.0 from every float dtype == Tensor.to()", test_casts_special_values)
 check("safetensors: the tensors under 'model', named by their path, checked with json/struct", test_safetensors_single)
 check("safetensors --max-shard-size: Hugging Face shards and an index listing every tensor once", test_safetensors_sharded)
+check("hdf5: one dataset per tensor in groups by key path, read back with h5py and h5dump", test_hdf5)
 check("--include/--exclude in order, --model-only", test_filters)
 check("an existing output is refused without --force; --dry-run writes nothing", test_refusals)
 check("a failure found while copying (corrupt zstd item) or before (missing .distcp) leaves nothing", test_late_failure_leaves_nothing)

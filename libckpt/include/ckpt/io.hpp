@@ -107,6 +107,9 @@ class PositionalSink {
  public:
   virtual ~PositionalSink() = default;
   virtual const std::string& name() const noexcept = 0;
+  /// The temporary file the bytes go to until commit() (a library that writes files by name,
+  /// libhdf5, lays out the file there first).
+  virtual const std::filesystem::path& temp_path() const noexcept = 0;
   /// Sets the file's size (the copy engine knows it before it writes anything). Throws kIo.
   virtual void resize(std::uint64_t size) = 0;
   /// Writes `bytes` at `offset`. Thread-safe. Throws kIo.

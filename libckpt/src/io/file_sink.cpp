@@ -51,6 +51,7 @@ class TempFile {
   TempFile& operator=(const TempFile&) = delete;
 
   int fd() const noexcept { return fd_; }
+  const std::filesystem::path& temp() const noexcept { return temp_; }
   const std::string& name() const noexcept { return name_; }
   bool committed() const noexcept { return committed_; }
 
@@ -157,6 +158,7 @@ class PositionalFileSink final : public PositionalSink {
       : file_(std::move(target), overwrite, std::move(temp)) {}
 
   const std::string& name() const noexcept override { return file_.name(); }
+  const std::filesystem::path& temp_path() const noexcept override { return file_.temp(); }
 
   void resize(std::uint64_t size) override {
     if (::ftruncate(file_.fd(), static_cast<off_t>(size)) != 0) file_.fail("cannot size the output to " + std::to_string(size) + " bytes");

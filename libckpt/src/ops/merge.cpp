@@ -12,6 +12,7 @@
 #include "ckpt/cast.hpp"
 #include "ckpt/copy.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/hdf5.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
 #include "ops/assemble.hpp"
@@ -106,12 +107,12 @@ class Merger {
       : c_(c), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
 
   MergeResult run(bool dry_run) {
-    collect();
-    if (o_.format == MergeFormat::kHdf5) {
-      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt,
-                  "HDF5 output is not implemented in this version; use --format torch or --format safetensors");
+    if (o_.format == MergeFormat::kHdf5 && !hdf5_available()) {
+      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "this build has no HDF5 support (FSDP_WITH_HDF5=OFF)");
     }
+    collect();
     if (o_.format == MergeFormat::kTorch) return torch(dry_run);
+    if (o_.format == MergeFormat::kHdf5) return hdf5(dry_run);
     return safetensors(dry_run);
   }
 
@@ -154,7 +155,7 @@ class Merger {
       all.emplace_back(t.position, std::move(l));
     }
     for (const ObjectEntry& e : c_.objects) {
-      if (o_.format != MergeFormat::kTorch) {  // tensors only
+      if (o_.format != MergeFormat::kTorch) {  // safetensors and HDF5: tensors only
         ++dropped_;
         continue;
       }
@@ -463,6 +464,37 @@ class Merger {
       if (dir) std::filesystem::remove_all(into, ec);
       throw;
     }
+    return result;
+  }
+
+  MergeResult hdf5(bool dry_run) {
+    std::vector<Hdf5Dataset> datasets;
+    MergeResult result;
+    std::vector<const Leaf*> leaves;
+    for (const Leaf& l : leaves_) {
+      std::vector<std::string> path;
+      for (const Key& k : l.path) path.push_back(k.display());
+      datasets.push_back({std::move(path), l.out, l.tensor->shape});
+      leaves.push_back(&l);
+      result.entries.push_back(entry_of(l, output_.filename().string()));
+      result.tensor_bytes += result.entries.back().nbytes;
+    }
+    if (leaves.empty()) throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt, "no tensor is selected");
+    result.dropped = dropped_;
+    // The size is known once libhdf5 has laid the file out; a dry run reports the tensor bytes.
+    result.files.push_back({output_, result.tensor_bytes, leaves.size()});
+    if (dry_run) return result;
+    auto sink = open_positional_sink(output_, o_.overwrite);
+    const std::vector<std::uint64_t> offsets = create_hdf5_layout(
+        sink->temp_path(), datasets,
+        {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      detail::add_box_tasks(tasks_, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], 0);
+    }
+    run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress});
+    sink->commit();
+    std::error_code ec;
+    result.files.back().size = std::filesystem::file_size(output_, ec);
     return result;
   }
 

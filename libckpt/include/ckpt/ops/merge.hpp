@@ -8,6 +8,7 @@
 // padded with None), plain dicts and lists, full contiguous CPU tensors, bytes items unpickled into
 // their values (tensors inside them included); for a Lightning folder the top-level keys of meta.pt
 // are then merged in, replacing entries of the same key, as Lightning's consolidate_checkpoint does.
+// safetensors and HDF5 output (ckpt/hdf5.hpp) hold tensors only.
 #pragma once
 
 #include <cstdint>
