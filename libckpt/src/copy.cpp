@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -11,6 +12,15 @@
 #include "zip/crc32.hpp"
 
 namespace ckpt {
+namespace {
+
+std::atomic<bool> g_cancel{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "request_cancel must be async-signal-safe");
+
+}  // namespace
+
+void request_cancel() noexcept { g_cancel.store(true, std::memory_order_relaxed); }
+bool cancel_requested() noexcept { return g_cancel.load(std::memory_order_relaxed); }
 
 unsigned copy_threads(unsigned threads) noexcept {
   if (threads) return threads;
@@ -41,6 +51,8 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> 
     std::vector<std::byte> buffer, scratch;
     try {
       for (std::size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < tasks.size();) {
+        if (options.task_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(options.task_delay_ms));
+        if (cancel_requested()) throw Error(ErrorKind::kCancelled, sink.name(), std::nullopt, "interrupted; nothing was written");
         CopyTask& t = tasks[i];
         if (buffer.size() < t.length) buffer.resize(static_cast<std::size_t>(t.length));
         const std::span<std::byte> out(buffer.data(), static_cast<std::size_t>(t.length));

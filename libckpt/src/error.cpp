@@ -12,6 +12,7 @@ std::string_view to_string(ErrorKind kind) noexcept {
     case ErrorKind::kMismatch: return "mismatch";
     case ErrorKind::kInvalidArgument: return "invalid argument";
     case ErrorKind::kInternal: return "internal";
+    case ErrorKind::kCancelled: return "cancelled";
   }
   return "unknown";
 }

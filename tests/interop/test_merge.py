@@ -311,6 +311,27 @@ def test_late_failure_leaves_nothing():
     assert os.listdir(outdir) == [], os.listdir(outdir)
 
 
+def test_interrupt():
+    # SIGINT or SIGTERM while copying: the tool stops, removes its temporary file, exits 130.
+    import signal
+    import time
+    src = our_sample(3)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        outdir = os.path.join(work, f"interrupted_{int(sig)}")
+        os.makedirs(outdir)
+        env = dict(os.environ, FSDP_TEST_COPY_DELAY_MS="100")
+        p = subprocess.Popen([a.merge, "-q", "-j", "1", src, "-o", os.path.join(outdir, "x.pt")], env=env,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 20
+        while not leftovers(outdir) and time.time() < deadline and p.poll() is None:
+            time.sleep(0.01)
+        assert leftovers(outdir), "the copy never started"
+        p.send_signal(sig)
+        err = p.communicate(timeout=30)[1]
+        assert p.returncode == 130 and "interrupted" in err, (p.returncode, err)
+        assert os.listdir(outdir) == [], os.listdir(outdir)
+
+
 if not a.merge:
     print("FAIL: --merge (the fsdp-ckpt-merge binary) is required")
     sys.exit(1)
@@ -332,4 +353,5 @@ check("hdf5: one dataset per tensor in groups by key path, read back with h5py a
 check("--include/--exclude in order, --model-only", test_filters)
 check("an existing output is refused without --force; --dry-run writes nothing", test_refusals)
 check("a failure found while copying (corrupt zstd item) or before (missing .distcp) leaves nothing", test_late_failure_leaves_nothing)
+check("SIGINT/SIGTERM while copying: exit 130, no output, no temporary file", test_interrupt)
 finish()

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/run_tool.hpp"
 
+#include <csignal>
 #include <iostream>
+
+#include "ckpt/copy.hpp"
 
 #include "ckpt/error.hpp"
 
@@ -12,10 +15,20 @@ int run_tool(std::string_view program, const std::function<int()>& body) {
     return body();
   } catch (const ckpt::Error& e) {
     std::cerr << program << ": error: " << e.what() << "\n";
+    if (e.kind() == ckpt::ErrorKind::kCancelled) return 130;
   } catch (const std::exception& e) {
     std::cerr << program << ": error: " << e.what() << "\n";
   }
   return 1;
+}
+
+void cancel_on_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { ckpt::request_cancel(); };
+  sa.sa_flags = static_cast<int>(SA_RESETHAND);  // the second signal takes the default action
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 }  // namespace fsdp_tools

@@ -11,4 +11,9 @@ namespace fsdp_tools {
 /// `body` returns the exit status (0, or 1 for "verification failed" style results).
 int run_tool(std::string_view program, const std::function<int()>& body);
 
+/// For tools that write: the first SIGINT or SIGTERM asks the copy engine to stop
+/// (ckpt::request_cancel), so that the tool removes what it started and exits 130; a second one
+/// ends the process at once.
+void cancel_on_signals();
+
 }  // namespace fsdp_tools

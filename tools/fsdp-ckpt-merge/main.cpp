@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // fsdp-ckpt-merge: options -> one library call (ckpt::merge) -> what was written, on stdout.
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -76,6 +77,8 @@ int main(int argc, char** argv) {
     std::cerr << "fsdp-ckpt-merge: error: " << e.what() << "\nRun with --help for more information.\n";
     return 2;
   }
+  if (const char* delay = std::getenv("FSDP_TEST_COPY_DELAY_MS")) merge.task_delay_ms = static_cast<unsigned>(std::atoi(delay));
+  fsdp_tools::cancel_on_signals();
   return fsdp_tools::run_tool("fsdp-ckpt-merge", [&] {
     fsdp_tools::ProgressBar progress(options.quiet || options.dry_run);
     merge.progress = &progress;

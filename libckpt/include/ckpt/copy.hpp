@@ -34,11 +34,18 @@ struct CopyTask {
 struct CopyOptions {
   unsigned threads = 0;           ///< 0: the machine's cores
   Progress* progress = nullptr;   ///< advanced by bytes written
+  unsigned task_delay_ms = 0;     ///< tests only: sleep before each task, to interrupt a copy on cue
 };
+
+/// Asks every running and later run_copy to stop after the tasks in hand; it then throws
+/// kCancelled. Async-signal-safe (one atomic store): tools call it from SIGINT/SIGTERM handlers.
+void request_cancel() noexcept;
+bool cancel_requested() noexcept;
 
 /// Runs every task into `sink` and returns the CRC-32 of each of `groups` groups (0 for a group
 /// with no task). On the first error the other workers stop and the error is rethrown here; the
-/// sink is left uncommitted (the caller's destructor then removes the temporary file).
+/// sink is left uncommitted (the caller's destructor then removes the temporary file). Throws
+/// kCancelled after request_cancel().
 std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> tasks, std::size_t groups,
                                     const CopyOptions& options = {});
 

@@ -21,6 +21,7 @@ enum class ErrorKind {
   kMismatch,         ///< shapes, dtypes or sizes that must agree do not
   kInvalidArgument,  ///< a caller or user mistake
   kInternal,         ///< a broken invariant: our bug ("please report")
+  kCancelled,        ///< stopped on request (SIGINT, SIGTERM): nothing was written
 };
 
 /// The name of `kind` as used in messages and tests ("format", "io", ...).

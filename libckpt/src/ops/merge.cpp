@@ -339,7 +339,7 @@ class Merger {
     auto sink = open_positional_sink(output_, o_.overwrite);
     sink->resize(total);
     for (const auto& [at, bytes] : headers) sink->write_at(at, bytes);
-    const std::vector<std::uint32_t> crcs = run_copy(*sink, std::move(tasks_), records.size(), {o_.threads, o_.progress});
+    const std::vector<std::uint32_t> crcs = run_copy(*sink, std::move(tasks_), records.size(), {o_.threads, o_.progress, o_.task_delay_ms});
     for (std::size_t i = 0; i < records.size(); ++i) {
       const auto& m = layout.members()[i];
       sink->write_at(m.data_offset + m.size, layout.descriptor(i, crcs[i]));
@@ -451,7 +451,7 @@ class Merger {
         auto sink = open_positional_sink(dir ? into / p.name : output_, dir ? Overwrite::kNo : o_.overwrite);
         sink->resize(p.layout.size);
         sink->write_at(0, p.layout.head);
-        run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress});
+        run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress, o_.task_delay_ms});
         sink->commit();
       }
       if (!index.empty()) {
@@ -491,7 +491,7 @@ class Merger {
     for (std::size_t i = 0; i < leaves.size(); ++i) {
       detail::add_box_tasks(tasks_, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], 0);
     }
-    run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress});
+    run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress, o_.task_delay_ms});
     sink->commit();
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);

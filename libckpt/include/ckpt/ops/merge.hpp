@@ -46,6 +46,7 @@ struct MergeOptions {
   Overwrite overwrite = Overwrite::kNo;
   unsigned threads = 0;                       ///< 0: the machine's cores
   Progress* progress = nullptr;
+  unsigned task_delay_ms = 0;                 ///< tests only (CopyOptions::task_delay_ms)
 };
 
 /// One entry of the output.
