@@ -60,13 +60,22 @@ def skip(name, why):
     print(f"skip {name}: {why}")
 
 
+_TMPDIRS = []
+
+
 def finish():
+    import shutil
+    for d in _TMPDIRS:
+        shutil.rmtree(d, ignore_errors=True)
     print(f"{PASSED[0]} passed, {len(FAILURES)} failed, {SKIPPED[0]} skipped")
     sys.exit(1 if FAILURES else 0)
 
 
 def tmpdir():
-    return tempfile.mkdtemp(prefix="fsdp-interop-")
+    """A scratch directory, removed by finish()."""
+    d = tempfile.mkdtemp(prefix="fsdp-interop-")
+    _TMPDIRS.append(d)
+    return d
 
 
 def tensor_bytes(torch, t):

@@ -102,6 +102,9 @@ struct Checkpoint {
 Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
 Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path);
 Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);
+/// A Hugging Face `model.safetensors.index.json`: its shards (file names inside the index's
+/// directory) read as one checkpoint; a tensor the weight_map names must be in the shard it names.
+Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path);
 
 /// A chunk's elements, resolved: the bytes that hold them and their layout.
 struct ChunkData {

@@ -10,6 +10,7 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/ops/inspect.hpp"
+#include "ckpt/torch_save.hpp"
 #include "ops/elements.hpp"
 #include "ops/text.hpp"
 
@@ -37,6 +38,22 @@ std::vector<double> assemble(const ChunkReader& reader, const TensorEntry& t) {
   return full;
 }
 
+// The non-tensor values by name, as leaves: a DCP bytes item is unpickled and flattened the way
+// a torch.save file's tree is (keys joined with '.'), so that a merged file's leaves
+// ("optim.param_groups.0.lr") meet the bytes item they came from ("optim.param_groups").
+std::map<std::string, pickle::ValuePtr> object_leaves(const Checkpoint& c, const ChunkReader& reader) {
+  std::map<std::string, pickle::ValuePtr> out;
+  for (const ObjectEntry& o : c.objects) {
+    if (!o.item) {
+      out[o.name] = o.value;
+      continue;
+    }
+    const TorchSaveFile f = read_torch_save(reader.item(*o.item));
+    for (const auto& [leaf, v] : f.objects) out[leaf.empty() ? o.name : o.name + "." + leaf] = v;
+  }
+  return out;
+}
+
 struct Row {
   std::string name;
   std::string status;  // "equal", "differs", "only in A", "only in B", "dtype", "shape", "not compared"
@@ -52,9 +69,7 @@ bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
   std::map<std::string, const TensorEntry*> ta, tb;
   for (const auto& t : a.tensors) ta[t.name] = &t;
   for (const auto& t : b.tensors) tb[t.name] = &t;
-  std::map<std::string, const ObjectEntry*> oa, ob;
-  for (const auto& o : a.objects) oa[o.name] = &o;
-  for (const auto& o : b.objects) ob[o.name] = &o;
+  const std::map<std::string, pickle::ValuePtr> oa = object_leaves(a, ra), ob = object_leaves(b, rb);
   std::set<std::string> names;
   for (auto& [n, t] : ta) names.insert(n);
   for (auto& [n, t] : tb) names.insert(n);
@@ -111,7 +126,8 @@ bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
         progress.advance(x.nbytes());
       }
     } else {
-      const auto va = ra.object_value(*oa[n]), vb = rb.object_value(*ob[n]);
+      const pickle::ValuePtr& va = oa.at(n);
+      const pickle::ValuePtr& vb = ob.at(n);
       const std::string sa = va ? pickle::repr(*va, 1u << 16) : "", sb = vb ? pickle::repr(*vb, 1u << 16) : "";
       if (sa != sb) {
         r.status = "differs";
