@@ -23,8 +23,10 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
   app->add_option("--key", o.key, "safetensors: write the tensors under this top-level key (default: model, when there is one)");
   app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
       ->check(CLI::IsMember({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float", "fp64", "float64", "double"}));
-  app->add_option("--include", o.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)");
-  app->add_option("--exclude", o.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)");
+  app->add_option("--include", o.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")
+      ->allow_extra_args(false);
+  app->add_option("--exclude", o.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")
+      ->allow_extra_args(false);
   app->add_flag("--model-only", o.model_only, "keep only the top-level key 'model'");
   app->add_option("--max-shard-size", o.max_shard_size, "safetensors: write Hugging Face shards of at most SIZE (5GB, 500MiB) into the OUTPUT directory");
   app->add_flag("--dry-run", o.dry_run, "print the plan (entries, bytes, output files) and write nothing");
