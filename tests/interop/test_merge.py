@@ -165,6 +165,31 @@ def test_casts_special_values():
             same_cast(got[k], v.to(dtype), f"{k} as {flag}")
 
 
+def test_strided_items():
+    # torch 1.13 saves a view whose storage holds exactly its elements as it is, strides and all
+    # (a transposed tensor): the item is not C-contiguous, and merge gathers it.
+    from torch.distributed._shard.checkpoint import FileSystemWriter, save_state_dict
+    d = os.path.join(work, "strided")
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    sd = {"t": base.t(), "p": torch.arange(60, dtype=torch.int64).reshape(3, 4, 5).permute(2, 0, 1), "c": base.clone()}
+    save_state_dict(sd, FileSystemWriter(d), no_dist=True)
+    # the items really are strided (else this would not exercise the gather)
+    import io
+    import pickle
+    meta = pickle.load(open(os.path.join(d, ".metadata"), "rb"))
+    for k, v in meta.storage_data.items():
+        blob = open(os.path.join(d, v.relative_path), "rb").read()[v.offset:v.offset + v.length]
+        item = torch.load(io.BytesIO(blob), weights_only=True)
+        assert (k.fqn == "c") == item.is_contiguous(), (k.fqn, item.stride())
+    out = os.path.join(work, "strided.pt")
+    merge(d, "-o", out)
+    dcp_oracle.same(torch, load(out), dcp_oracle.load_113(torch, d))
+    out16 = os.path.join(work, "strided16.pt")
+    merge(d, "-o", out16, "--dtype", "fp16")
+    got, want = load(out16), dcp_oracle.load_113(torch, d)
+    same_cast(got["t"], want["t"].to(torch.float16), "t as fp16")
+
+
 def read_safetensors(path):
     """The header with json and struct only, and each tensor's raw bytes."""
     data = open(path, "rb").read()
@@ -347,6 +372,7 @@ else:
     skip("real torch 2.4 Megatron checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
 check("--dtype bf16/fp16/fp32/fp64 == Tensor.to() bit for bit; integer tensors untouched", test_casts)
 check("--dtype on ties, subnormals, overflow, NaN and -0.0 from every float dtype == Tensor.to()", test_casts_special_values)
+check("items saved with strides (transposed, permuted views): merge gathers them == torch 1.13", test_strided_items)
 check("safetensors: the tensors under 'model', named by their path, checked with json/struct", test_safetensors_single)
 check("safetensors --max-shard-size: Hugging Face shards and an index listing every tensor once", test_safetensors_sharded)
 check("hdf5: one dataset per tensor in groups by key path, read back with h5py and h5dump", test_hdf5)
