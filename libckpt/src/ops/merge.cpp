@@ -107,6 +107,7 @@ class Merger {
       : c_(c), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
 
   MergeResult run(bool dry_run) {
+    refuse_overlap();
     if (o_.format == MergeFormat::kHdf5 && !hdf5_available()) {
       throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "this build has no HDF5 support (FSDP_WITH_HDF5=OFF)");
     }
@@ -117,6 +118,20 @@ class Merger {
   }
 
  private:
+  // Replacing the output must never remove the input: refuse an output that is the input or a
+  // directory holding it.
+  void refuse_overlap() const {
+    std::error_code ec;
+    const std::filesystem::path in = std::filesystem::weakly_canonical(c_.root, ec);
+    const std::filesystem::path out = std::filesystem::weakly_canonical(output_, ec);
+    if (in.empty() || out.empty()) return;
+    auto [o, i] = std::mismatch(out.begin(), out.end(), in.begin(), in.end());
+    if (o == out.end()) {
+      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt,
+                  in == out ? "output is the input checkpoint" : "output is a directory that holds the input checkpoint");
+    }
+  }
+
   bool selected(const std::string& name, const std::optional<Key>& top) const {
     if (o_.model_only && (!top || top->is_int || top->text != "model")) return false;
     bool sel = o_.filters.empty() || !o_.filters.front().include;
