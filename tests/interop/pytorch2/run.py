@@ -3,12 +3,15 @@
 """PyTorch 2.x interop, for a machine that has torch >= 2 (the GPU machine does; this runs on CPU).
 Not part of CI (Debian ships torch 1.13); run it by hand:
 
-    python3 tests/interop/pytorch2/run.py --probe build/tests/ckpt_probe --inspect build/tools/fsdp-ckpt-inspect
+    python3 tests/interop/pytorch2/run.py --probe build/tests/ckpt_probe --inspect build/tools/fsdp-ckpt-inspect \
+        --merge build/tools/fsdp-ckpt-merge
 
 It writes checkpoints with torch.distributed.checkpoint.save (world size 1, and 2 with Gloo; nested
 model and optimizer state; with the ZStandard extension when it imports), runs our inspect --json
 and verify on them and compares every value with ours, and loads our write_dcp output with
-dcp.load, and our torch.save output with torch.load(weights_only=True)."""
+dcp.load, and our torch.save output with torch.load(weights_only=True); with --merge, our merge of
+each dcp.save checkpoint must equal PyTorch's own dcp_to_torch_save of it, loaded with
+torch.load(weights_only=True)."""
 import argparse
 import json
 import os
@@ -27,6 +30,7 @@ from common import check, finish, sample_bytes, tensor_bytes  # noqa: E402
 p = argparse.ArgumentParser()
 p.add_argument("--probe", required=True)
 p.add_argument("--inspect", required=True)
+p.add_argument("--merge", help="fsdp-ckpt-merge: also compare its output with PyTorch's dcp_to_torch_save")
 a = p.parse_args()
 work = tempfile.mkdtemp(prefix="fsdp-pt2-")
 print(f"torch {torch.__version__}")
@@ -126,6 +130,36 @@ def test_torch_load_of_ours():
     assert "model" in obj and isinstance(obj["model"]["layer.0.weight"], torch.nn.Parameter)
 
 
+def same(x, y, where="root"):
+    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+        assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), where
+        assert x.dtype == y.dtype and x.shape == y.shape and tensor_bytes(torch, x) == tensor_bytes(torch, y), where
+        return
+    assert type(x) == type(y), f"{where}: {type(x).__name__} vs {type(y).__name__}"
+    if isinstance(x, dict):
+        assert list(x) == list(y), f"{where}: keys {list(x)} vs {list(y)}"
+        for k in x:
+            same(x[k], y[k], f"{where}.{k}")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y)):
+            same(u, v, f"{where}.{i}")
+    else:
+        assert x == y, f"{where}: {x!r} vs {y!r}"
+
+
+def test_merge_equals_dcp_to_torch_save(name):
+    def run():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        d = os.path.join(work, name)
+        theirs, mine = os.path.join(work, name + "_theirs.pt"), os.path.join(work, name + "_ours.pt")
+        dcp_to_torch_save(d, theirs)
+        r = subprocess.run([a.merge, "-q", d, "-o", mine], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        same(torch.load(mine, weights_only=True), torch.load(theirs, weights_only=True))
+    return run
+
+
 check("dcp.save (world 1) read by us, verify --deep clean", test_save_world1)
 check("dcp.save (world 2, Gloo) read by us", test_save_world2(False))
 try:
@@ -140,4 +174,8 @@ try:
 except Exception as e:  # noqa: BLE001
     print(f"skip ZStandard load: {e}")
 check("torch.load(weights_only=True) of our torch.save sample", test_torch_load_of_ours)
+if a.merge:
+    for name in ("w1", "w2", "w2z"):
+        if os.path.isdir(os.path.join(work, name)):
+            check(f"fsdp-ckpt-merge of dcp.save ({name}) == dcp_to_torch_save", test_merge_equals_dcp_to_torch_save(name))
 finish()
