@@ -22,6 +22,11 @@ static_assert(std::atomic<bool>::is_always_lock_free, "request_cancel must be as
 void request_cancel() noexcept { g_cancel.store(true, std::memory_order_relaxed); }
 bool cancel_requested() noexcept { return g_cancel.load(std::memory_order_relaxed); }
 
+std::uint64_t task_bytes(unsigned threads) noexcept {
+  const std::uint64_t per = kInFlightBytes / (2 * std::uint64_t{copy_threads(threads)});
+  return std::clamp<std::uint64_t>(per & ~std::uint64_t{4095}, std::uint64_t{1} << 20, kTaskBytes);
+}
+
 unsigned copy_threads(unsigned threads) noexcept {
   if (threads) return threads;
   const unsigned n = std::thread::hardware_concurrency();

@@ -4,7 +4,7 @@
 // tasks. Each task makes `length` bytes (a range copied from an input, cast or gathered on the
 // way) that go at `offset`; tasks run on `threads` workers and are written with pwrite, so they
 // finish in any order. Memory is bounded by the tasks in flight: one buffer of the largest task
-// per worker (writers cut tasks to kTaskBytes). The CRC-32 of each group of tasks (a zip member)
+// per worker (writers cut tasks to task_bytes(threads)). The CRC-32 of each group of tasks (a zip member)
 // is computed while the bytes pass and combined in offset order, never in a second pass.
 #pragma once
 
@@ -19,8 +19,14 @@
 
 namespace ckpt {
 
-/// The size writers cut copies to: large enough for disk speed, small enough to bound memory.
+/// The most bytes a task makes: large enough for disk speed, small enough to bound memory.
 constexpr std::uint64_t kTaskBytes = std::uint64_t{8} << 20;
+/// The bytes all workers' buffers may hold together (a task's buffer, and its scratch for a cast).
+constexpr std::uint64_t kInFlightBytes = std::uint64_t{32} << 20;
+
+/// The size to cut tasks to for `threads` workers (0: the machine's cores), so that
+/// threads × 2 buffers stay within kInFlightBytes: kTaskBytes on a few cores, down to 1 MiB.
+std::uint64_t task_bytes(unsigned threads) noexcept;
 
 struct CopyTask {
   std::uint64_t offset = 0;  ///< where the bytes go in the output

@@ -82,7 +82,7 @@ void gather(const ChunkData& d, const std::vector<std::int64_t>& origin, const B
 Box whole(const TensorEntry& tensor) { return {std::vector<std::int64_t>(tensor.shape.size(), 0), tensor.shape}; }
 
 void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& t, const Box& dest, DType out,
-                   std::uint64_t base, std::size_t group) {
+                   std::uint64_t base, std::size_t group, std::uint64_t max_task) {
   const DType in = t.dtype;
   const std::uint64_t ies = element_size(in), oes = element_size(out);
   if (in != out && (!is_castable_float(in) || !is_castable_float(out))) internal_error("add_box_tasks: not a float cast");
@@ -130,7 +130,7 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
       const std::uint64_t src0 = flat_index(p.overlap.offsets, p.chunk->offsets, p.chunk->sizes);
       const std::uint64_t dst0 = flat_index(p.overlap.offsets, dest.offsets, dest.sizes);
       // A compressed item is decoded whole by its task, so it is one task.
-      const std::uint64_t step = p.data ? std::max<std::uint64_t>(1, kTaskBytes / std::max(ies, oes)) : n;
+      const std::uint64_t step = p.data ? std::max<std::uint64_t>(1, max_task / std::max(ies, oes)) : n;
       for (std::uint64_t e = 0; e < n; e += step) {
         const std::uint64_t k = std::min(step, n - e);
         tasks.push_back({base + (dst0 + e) * oes, k * oes, group,
@@ -153,7 +153,7 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
 
   // Gather: bands of rows along the box's dim 0.
   const std::uint64_t row = volume / static_cast<std::uint64_t>(dest.sizes[0]);
-  const std::int64_t rows = static_cast<std::int64_t>(std::max<std::uint64_t>(1, kTaskBytes / (row * std::max(ies, oes))));
+  const std::int64_t rows = static_cast<std::int64_t>(std::max<std::uint64_t>(1, max_task / (row * std::max(ies, oes))));
   for (std::int64_t r0 = 0; r0 < dest.sizes[0]; r0 += rows) {
     Box band = dest;
     band.offsets[0] = dest.offsets[0] + r0;

@@ -4,9 +4,9 @@
 //
 // A chunk whose overlap with the box is one contiguous run both in the box and in the chunk's
 // stored elements (every dim-0 shard, the FSDP case) becomes plain range copies of at most
-// kTaskBytes: no buffer beyond the copy's own. Anything else (dim-1 chunks, strided items) is
+// `max_task` bytes: no buffer beyond the copy's own. Anything else (dim-1 chunks, strided items) is
 // gathered band by band: rows of the box's dim 0 filled from every chunk that crosses them, at
-// most kTaskBytes a band (or one row, when a row is larger).
+// most `max_task` bytes a band (or one row, when a row is larger).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ namespace ckpt::detail {
 /// before any output exists; compressed items are decoded when their task runs. Throws
 /// kFormat/kMismatch for chunks that do not tile `dest` or items that disagree with the metadata.
 void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& tensor, const Box& dest, DType out,
-                   std::uint64_t base, std::size_t group);
+                   std::uint64_t base, std::size_t group, std::uint64_t max_task = kTaskBytes);
 
 /// The whole box of `tensor`.
 Box whole(const TensorEntry& tensor);

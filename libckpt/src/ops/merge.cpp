@@ -283,8 +283,8 @@ class Merger {
 
   // Range copies of a raw storage.
   void add_raw_tasks(const SourcePtr& raw, std::uint64_t base, std::size_t group) {
-    for (std::uint64_t at = 0; at < raw->size(); at += kTaskBytes) {
-      const std::uint64_t n = std::min(kTaskBytes, raw->size() - at);
+    for (std::uint64_t at = 0; at < raw->size(); at += task_bytes_) {
+      const std::uint64_t n = std::min(task_bytes_, raw->size() - at);
       tasks_.push_back({base + at, n, group, [raw, at](std::span<std::byte> out, std::vector<std::byte>&) { raw->read_at(at, out); }});
     }
   }
@@ -330,7 +330,7 @@ class Merger {
       std::from_chars(r.storage_key->data(), r.storage_key->data() + r.storage_key->size(), idx);
       const StorageSource& s = storages_.at(idx);
       if (s.tensor) {
-        detail::add_box_tasks(tasks_, reader_, *s.tensor, detail::whole(*s.tensor), s.out, m.data_offset, i);
+        detail::add_box_tasks(tasks_, reader_, *s.tensor, detail::whole(*s.tensor), s.out, m.data_offset, i, task_bytes_);
       } else {
         add_raw_tasks(s.raw, m.data_offset, i);
       }
@@ -461,7 +461,7 @@ class Merger {
         tasks_.clear();
         for (std::size_t i = 0; i < p.leaves.size(); ++i) {
           const Leaf& l = *p.leaves[i];
-          detail::add_box_tasks(tasks_, reader_, *l.tensor, detail::whole(*l.tensor), l.out, p.layout.begins[i], 0);
+          detail::add_box_tasks(tasks_, reader_, *l.tensor, detail::whole(*l.tensor), l.out, p.layout.begins[i], 0, task_bytes_);
         }
         auto sink = open_positional_sink(dir ? into / p.name : output_, dir ? Overwrite::kNo : o_.overwrite);
         sink->resize(p.layout.size);
@@ -504,7 +504,7 @@ class Merger {
         sink->temp_path(), datasets,
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
     for (std::size_t i = 0; i < leaves.size(); ++i) {
-      detail::add_box_tasks(tasks_, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], 0);
+      detail::add_box_tasks(tasks_, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], 0, task_bytes_);
     }
     run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress, o_.task_delay_ms});
     sink->commit();
@@ -550,6 +550,7 @@ class Merger {
   TorchSaveBuilder builder_;
   std::vector<StorageSource> storages_;
   std::vector<CopyTask> tasks_;
+  std::uint64_t task_bytes_ = task_bytes(o_.threads);
 };
 
 }  // namespace
