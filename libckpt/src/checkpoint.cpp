@@ -88,23 +88,31 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
   return c;
 }
 
+namespace {
+
+// One whole-tensor raw chunk in file `file` for a tensor of a safetensors header.
+void add_safetensors_tensor(Checkpoint& c, const SafetensorsTensor& t, std::size_t file) {
+  TensorEntry e;
+  e.name = t.name;
+  e.dtype = t.dtype;
+  e.shape.assign(t.shape.begin(), t.shape.end());
+  ChunkLocation loc;
+  loc.file = file;
+  loc.offset = t.begin;
+  loc.length = t.end - t.begin;
+  e.chunks.push_back({std::vector<std::int64_t>(e.shape.size(), 0), e.shape, loc});
+  e.position = c.tensors.size();
+  c.tensors.push_back(std::move(e));
+}
+
+}  // namespace
+
 Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path) {
   SourcePtr src = open_mmap(path);
   SafetensorsFile f = read_safetensors(src);
   Checkpoint c = single_file(Format::kSafetensors, path, "safetensors", src->size());
   c.metadata = f.metadata;
-  for (const auto& t : f.tensors) {
-    TensorEntry e;
-    e.name = t.name;
-    e.dtype = t.dtype;
-    e.shape.assign(t.shape.begin(), t.shape.end());
-    ChunkLocation loc;
-    loc.offset = t.begin;
-    loc.length = t.end - t.begin;
-    e.chunks.push_back({std::vector<std::int64_t>(e.shape.size(), 0), e.shape, loc});
-    e.position = c.tensors.size();
-    c.tensors.push_back(std::move(e));
-  }
+  for (const auto& t : f.tensors) add_safetensors_tensor(c, t, 0);
   return c;
 }
 
@@ -157,17 +165,7 @@ Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) 
         continue;
       }
       expected.erase(it);
-      TensorEntry e;
-      e.name = t.name;
-      e.dtype = t.dtype;
-      e.shape.assign(t.shape.begin(), t.shape.end());
-      ChunkLocation loc;
-      loc.file = index;
-      loc.offset = t.begin;
-      loc.length = t.end - t.begin;
-      e.chunks.push_back({std::vector<std::int64_t>(e.shape.size(), 0), e.shape, loc});
-      e.position = c.tensors.size();
-      c.tensors.push_back(std::move(e));
+      add_safetensors_tensor(c, t, index);
     }
   }
   if (!expected.empty()) {

@@ -40,7 +40,8 @@ struct Leaf {
   std::vector<Key> path;
   const TensorEntry* tensor = nullptr;
   DType out{};
-  ValuePtr value;  // objects and meta.pt entries, storages already renumbered
+  ValuePtr value;                       // objects and meta.pt entries, storages already renumbered
+  const ObjectEntry* object = nullptr;  // kObject: the entry `value` is read from
 };
 
 // Where a storage of the output comes from.
@@ -165,7 +166,7 @@ class Merger {
   void collect() {
     std::vector<std::pair<std::size_t, Leaf>> all;
     for (const TensorEntry& t : c_.tensors) {
-      Leaf l{Leaf::kTensor, t.name, path_of(t.name), &t, t.dtype, nullptr};
+      Leaf l{Leaf::kTensor, t.name, path_of(t.name), &t, t.dtype, nullptr, nullptr};
       if (o_.dtype && is_castable_float(t.dtype)) l.out = *o_.dtype;
       all.emplace_back(t.position, std::move(l));
     }
@@ -174,18 +175,15 @@ class Merger {
         ++dropped_;
         continue;
       }
-      all.emplace_back(e.position, Leaf{Leaf::kObject, e.name, path_of(e.name), nullptr, {}, nullptr});
-      objects_.push_back(&e);
+      all.emplace_back(e.position, Leaf{Leaf::kObject, e.name, path_of(e.name), nullptr, {}, nullptr, &e});
     }
     std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::map<std::string, const ObjectEntry*> by_name;
-    for (const ObjectEntry* e : objects_) by_name[e->name] = e;
     for (auto& [pos, l] : all) {
       if (!selected(l.name, l.path.front())) {
         ++dropped_;
         continue;
       }
-      if (l.kind == Leaf::kObject) l.value = import(*by_name[l.name]);
+      if (l.object) l.value = import(*l.object);
       leaves_.push_back(std::move(l));
     }
     // Lightning's meta.pt: its top-level keys, merged in after the DCP part.
@@ -205,7 +203,7 @@ class Merger {
             ++dropped_;
             continue;
           }
-          leaves_.push_back(Leaf{Leaf::kMeta, key.display(), {key}, nullptr, {}, v});
+          leaves_.push_back(Leaf{Leaf::kMeta, key.display(), {key}, nullptr, {}, v, nullptr});
         }
       }
     }
@@ -544,7 +542,6 @@ class Merger {
   std::filesystem::path output_;
   const MergeOptions& o_;
   ChunkReader reader_;
-  std::vector<const ObjectEntry*> objects_;
   std::vector<Leaf> leaves_;
   std::size_t dropped_ = 0;
   TorchSaveBuilder builder_;

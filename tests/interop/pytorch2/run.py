@@ -26,6 +26,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from common import check, finish, sample_bytes, tensor_bytes  # noqa: E402
+import dcp_oracle  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--probe", required=True)
@@ -130,24 +131,6 @@ def test_torch_load_of_ours():
     assert "model" in obj and isinstance(obj["model"]["layer.0.weight"], torch.nn.Parameter)
 
 
-def same(x, y, where="root"):
-    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-        assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor), where
-        assert x.dtype == y.dtype and x.shape == y.shape and tensor_bytes(torch, x) == tensor_bytes(torch, y), where
-        return
-    assert type(x) == type(y), f"{where}: {type(x).__name__} vs {type(y).__name__}"
-    if isinstance(x, dict):
-        assert list(x) == list(y), f"{where}: keys {list(x)} vs {list(y)}"
-        for k in x:
-            same(x[k], y[k], f"{where}.{k}")
-    elif isinstance(x, (list, tuple)):
-        assert len(x) == len(y), where
-        for i, (u, v) in enumerate(zip(x, y)):
-            same(u, v, f"{where}.{i}")
-    else:
-        assert x == y, f"{where}: {x!r} vs {y!r}"
-
-
 def test_merge_equals_dcp_to_torch_save(name):
     def run():
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -156,7 +139,7 @@ def test_merge_equals_dcp_to_torch_save(name):
         dcp_to_torch_save(d, theirs)
         r = subprocess.run([a.merge, "-q", d, "-o", mine], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        same(torch.load(mine, weights_only=True), torch.load(theirs, weights_only=True))
+        dcp_oracle.same(torch, torch.load(mine, weights_only=True), torch.load(theirs, weights_only=True))
     return run
 
 
