@@ -33,7 +33,22 @@ unsigned copy_threads(unsigned threads) noexcept {
   return n ? n : 1;
 }
 
+void add_range_tasks(std::vector<CopyTask>& tasks, SourcePtr source, std::uint64_t from, std::uint64_t length,
+                     std::uint64_t offset, std::size_t group, std::uint64_t max_task) {
+  for (std::uint64_t at = 0; at < length; at += max_task) {
+    const std::uint64_t n = std::min(max_task, length - at);
+    tasks.push_back({offset + at, n, group,
+                     [source, pos = from + at](std::span<std::byte> out, std::vector<std::byte>&) { source->read_at(pos, out); }});
+  }
+}
+
 std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> tasks, std::size_t groups,
+                                    const CopyOptions& options) {
+  PositionalSink* const one[] = {&sink};
+  return run_copy(one, std::move(tasks), groups, options);
+}
+
+std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, std::vector<CopyTask> tasks, std::size_t groups,
                                     const CopyOptions& options) {
   struct Done {
     std::uint64_t offset, length;
@@ -43,6 +58,7 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> 
   std::uint64_t total = 0;
   for (const CopyTask& t : tasks) {
     if (t.group >= groups) internal_error("run_copy: task group out of range");
+    if (t.sink >= sinks.size()) internal_error("run_copy: task sink out of range");
     total += t.length;
   }
   Progress& progress = options.progress ? *options.progress : no_progress();
@@ -57,8 +73,9 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> 
     try {
       for (std::size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < tasks.size();) {
         if (options.task_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(options.task_delay_ms));
-        if (cancel_requested()) throw Error(ErrorKind::kCancelled, sink.name(), std::nullopt, "interrupted; nothing was written");
         CopyTask& t = tasks[i];
+        PositionalSink& sink = *sinks[t.sink];
+        if (cancel_requested()) throw Error(ErrorKind::kCancelled, sink.name(), std::nullopt, "interrupted; nothing was written");
         if (buffer.size() < t.length) buffer.resize(static_cast<std::size_t>(t.length));
         const std::span<std::byte> out(buffer.data(), static_cast<std::size_t>(t.length));
         t.fill(out, scratch);

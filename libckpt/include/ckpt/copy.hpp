@@ -35,6 +35,7 @@ struct CopyTask {
   /// Fills `out` (exactly `length` bytes). `scratch` is the worker's to use (a cast reads into
   /// it). Throws ckpt::Error for bad input.
   std::function<void(std::span<std::byte> out, std::vector<std::byte>& scratch)> fill;
+  std::size_t sink = 0;      ///< which output (run_copy over several files: an index into `sinks`)
 };
 
 struct CopyOptions {
@@ -54,6 +55,15 @@ bool cancel_requested() noexcept;
 /// kCancelled after request_cancel().
 std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> tasks, std::size_t groups,
                                     const CopyOptions& options = {});
+/// The same over several outputs at once (a DCP directory's files): each task writes into
+/// `sinks[task.sink]`; one progress phase covers them all. A CRC group lies within one sink.
+std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, std::vector<CopyTask> tasks, std::size_t groups,
+                                    const CopyOptions& options = {});
+
+/// Adds tasks that copy [`from`, `from + length`) of `source` as it is to `offset` of the output,
+/// cut to `max_task` bytes each, in CRC group `group`. `source` is kept alive by the tasks.
+void add_range_tasks(std::vector<CopyTask>& tasks, SourcePtr source, std::uint64_t from, std::uint64_t length,
+                     std::uint64_t offset, std::size_t group, std::uint64_t max_task = kTaskBytes);
 
 /// The number of workers run_copy uses for `threads` (0 means the machine's cores).
 unsigned copy_threads(unsigned threads) noexcept;

@@ -1,45 +1,38 @@
 // SPDX-License-Identifier: Apache-2.0
-// write_dcp: data files first, `.metadata` last (see ckpt/dcp.hpp).
+// The DCP writer (formats/dcp_write.hpp) and write_dcp on top of it: data files first, `.metadata`
+// last (see ckpt/dcp.hpp).
 #include <zstd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/sharding.hpp"
 #include "ckpt/torch_save.hpp"
+#include "formats/archive_plan.hpp"
+#include "formats/dcp_write.hpp"
 
 namespace ckpt {
+namespace detail {
 namespace {
 
 using pickle::ValuePtr;
 namespace pk = pickle;
 
-// A window of a parent sink: offsets count from where the item starts, as DCP's per-item
-// torch.save does (spec/FORMATS.md §3.4).
-class ItemSink final : public ByteSink {
- public:
-  explicit ItemSink(ByteSink& parent) : parent_(parent), base_(parent.offset()), name_(parent.name()) {}
-  const std::string& name() const noexcept override { return name_; }
-  void write(std::span<const std::byte> b) override { parent_.write(b); }
-  using ByteSink::write;
-  std::uint64_t offset() const noexcept override { return parent_.offset() - base_; }
-  void commit() override {}
-
- private:
-  ByteSink& parent_;
-  std::uint64_t base_;
-  std::string name_;
-};
-
 // Compresses what it is given into one zstd frame on the parent (stream.zstd/1); offset() counts
 // the uncompressed bytes, which is what the item's zip offsets refer to.
 class ZstdSink final : public ByteSink {
  public:
-  explicit ZstdSink(ByteSink& parent) : parent_(parent), ctx_(ZSTD_createCCtx(), ZSTD_freeCCtx), name_(parent.name()) {
+  ZstdSink(ByteSink& parent, int level) : parent_(parent), ctx_(ZSTD_createCCtx(), ZSTD_freeCCtx), name_(parent.name()) {
     if (!ctx_) internal_error("ZSTD_createCCtx failed");
-    ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_compressionLevel, 3);
+    ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_compressionLevel, level);
     out_.resize(ZSTD_CStreamOutSize());
   }
   const std::string& name() const noexcept override { return name_; }
@@ -83,14 +76,6 @@ std::string uuid4() {
   return s;
 }
 
-struct Item {
-  std::string fqn;
-  std::optional<std::vector<std::int64_t>> offsets;  // tensors only
-  std::size_t chunk_index = 0;
-  std::string file;
-  std::uint64_t offset = 0, length = 0;
-};
-
 // The .metadata object tree, as CPython pickles DCP's dataclasses (spec/FORMATS.md §3.3).
 class MetadataBuilder {
  public:
@@ -118,7 +103,7 @@ class MetadataBuilder {
     for (auto x : v) xs.push_back(pk::make_int(x));
     return pk::make_object(size_, pk::BuildOp::kReduce, pk::make_tuple({pk::make_tuple(std::move(xs))}));
   }
-  ValuePtr tensor_meta(const DcpWriteTensor& t) {
+  ValuePtr tensor_meta(const DcpPlanTensor& t) {
     ValuePtr props = pk::make_object(
         props_, pk::BuildOp::kNewObj, pk::make_tuple(),
         pk::make_tuple({pk::make_global("torch", std::string(name(t.dtype))),
@@ -130,13 +115,13 @@ class MetadataBuilder {
     return dataclass(tsm_, {{"properties", props}, {"size", size(t.shape)}, {"chunks", pk::make_list(std::move(chunks))}});
   }
   ValuePtr bytes_meta() { return pk::make_object(bsm_, pk::BuildOp::kNewObj, pk::make_tuple()); }
-  ValuePtr index(const Item& it) {
+  ValuePtr index(const DcpItem& it) {
     std::vector<std::pair<std::string, ValuePtr>> f{{"fqn", pk::make_str(it.fqn)}};
     f.emplace_back("index", it.offsets ? pk::make_int(static_cast<std::int64_t>(it.chunk_index)) : pk::make_none());
     if (it.offsets) f.emplace_back("offset", size(*it.offsets));
     return dataclass(index_, std::move(f));
   }
-  ValuePtr info(const Item& it, bool zstd) {
+  ValuePtr info(const DcpItem& it, bool zstd) {
     std::vector<std::pair<std::string, ValuePtr>> f{{"relative_path", pk::make_str(it.file)},
                                                     {"offset", pk::make_int(static_cast<std::int64_t>(it.offset))},
                                                     {"length", pk::make_int(static_cast<std::int64_t>(it.length))}};
@@ -175,36 +160,282 @@ class MetadataBuilder {
   std::map<std::string, ValuePtr> fields_;
 };
 
-void validate(const DcpWriteTensor& t, int world) {
-  const auto bad = [&](const std::string& m) { throw Error(ErrorKind::kInvalidArgument, "tensor '" + t.fqn + "': " + m); };
-  std::uint64_t numel = 1, volume = 0;
-  for (auto d : t.shape) {
-    if (d < 0) bad("negative dimension");
-    numel *= static_cast<std::uint64_t>(d);
+TorchSaveWriteOptions item_options(DcpLayout layout) {
+  return {"archive", layout == DcpLayout::kTorch113 ? TorchSaveLayout::kTorch113 : TorchSaveLayout::kCurrent};
+}
+
+// The archive of a tensor item depends only on its dtype and box: items of the same kind share it.
+class ItemArchives {
+ public:
+  explicit ItemArchives(DcpLayout layout) : options_(item_options(layout)) {}
+  const ArchivePlan& of(DType dtype, const std::vector<std::int64_t>& sizes) {
+    auto& slot = plans_[{dtype, sizes}];
+    if (!slot) {
+      TorchSaveBuilder b;
+      const std::size_t st = b.reserve_storage(dtype, box_volume(sizes));
+      slot = std::make_unique<ArchivePlan>("archive", plan_torch_save(*b.tensor(st, sizes), options_, "a DCP item"));
+    }
+    return *slot;
   }
-  if (t.chunks.empty()) bad("no chunks");
-  for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-    const auto& c = t.chunks[i];
-    if (c.rank < 0 || c.rank >= world) bad("chunk rank " + std::to_string(c.rank) + " is not in [0, " + std::to_string(world) + ")");
-    if (c.offsets.size() != t.shape.size() || c.sizes.size() != t.shape.size()) bad("chunk rank differs from the tensor's");
-    std::uint64_t v = 1;
-    for (std::size_t d = 0; d < t.shape.size(); ++d) {
-      if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > t.shape[d]) bad("chunk passes the tensor's bounds");
-      v *= static_cast<std::uint64_t>(c.sizes[d]);
-    }
-    if (!c.data || c.data->size() != v * element_size(t.dtype)) {
-      bad("chunk data holds " + (c.data ? std::to_string(c.data->size()) : std::string("no")) + " bytes, its box needs " +
-          std::to_string(v * element_size(t.dtype)));
-    }
-    volume += v;
-    for (std::size_t k = 0; k < i && !t.shape.empty(); ++k) {
-      if (intersect(c.offsets, c.sizes, t.chunks[k].offsets, t.chunks[k].sizes)) bad("chunks overlap");
-    }
+
+ private:
+  TorchSaveWriteOptions options_;
+  std::map<std::pair<DType, std::vector<std::int64_t>>, std::unique_ptr<ArchivePlan>> plans_;
+};
+
+std::uint64_t item_bytes(const DcpPlan& plan, const DcpFilePlan::Ref& r, ItemArchives& archives) {
+  if (!r.tensor) return plan.objects[r.index].item->size();
+  const DcpPlanTensor& t = plan.tensors[r.index];
+  return archives.of(t.dtype, t.chunks[r.chunk].sizes).size();
+}
+
+DcpItem item_of(const DcpPlan& plan, const DcpFilePlan::Ref& r, const std::string& file, std::uint64_t offset, std::uint64_t length) {
+  if (!r.tensor) return {plan.objects[r.index].fqn, std::nullopt, 0, file, offset, length};
+  const DcpPlanTensor& t = plan.tensors[r.index];
+  return {t.fqn, t.chunks[r.chunk].offsets, r.chunk, file, offset, length};
+}
+
+// The chunk's tasks, made at offset 0 and sorted, written in order to `write` (the zstd path).
+void stream_chunk(const DcpPlanChunk& c, std::uint64_t max_task, const CopyOptions& copy, Progress& progress, std::mutex& progress_mutex,
+                  const std::function<void(std::span<const std::byte>)>& write) {
+  std::vector<CopyTask> tasks;
+  c.add_tasks(tasks, 0, 0, max_task);
+  std::sort(tasks.begin(), tasks.end(), [](const CopyTask& a, const CopyTask& b) { return a.offset < b.offset; });
+  std::vector<std::byte> buffer, scratch;
+  for (CopyTask& t : tasks) {
+    if (copy.task_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(copy.task_delay_ms));
+    if (cancel_requested()) throw Error(ErrorKind::kCancelled, "interrupted; nothing was written");
+    buffer.resize(static_cast<std::size_t>(t.length));
+    t.fill(buffer, scratch);
+    write(buffer);
+    t.fill = nullptr;
+    std::lock_guard lock(progress_mutex);
+    progress.advance(t.length);
   }
-  if (!t.shape.empty() && volume != numel) bad("chunks cover " + std::to_string(volume) + " of " + std::to_string(numel) + " elements");
+}
+
+std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+                                      const CopyOptions& copy) {
+  Progress& progress = copy.progress ? *copy.progress : no_progress();
+  std::uint64_t total = 0;
+  for (const DcpFilePlan& f : files) total += f.size;
+  progress.start("compressing", total);
+  const std::uint64_t max_task = task_bytes(copy.threads);
+  std::vector<std::vector<DcpItem>> per_file(files.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex, progress_mutex;
+  // Files are independent: each worker streams whole files, item after item, one frame each.
+  auto worker = [&] {
+    ItemArchives archives(plan.layout);
+    try {
+      for (std::size_t i; !failed.load() && (i = next.fetch_add(1)) < files.size();) {
+        const DcpFilePlan& f = files[i];
+        auto sink = open_file_sink(dir / f.name, Overwrite::kYes);
+        for (const DcpFilePlan::Ref& r : f.items) {
+          const std::uint64_t at = sink->offset();
+          ZstdSink z(*sink, plan.zstd_level);
+          if (!r.tensor) {
+            const DcpPlanObject& o = plan.objects[r.index];
+            stream_range(*o.item, 0, o.item->size(), [&](std::span<const std::byte> b) { z.write(b); });
+          } else {
+            const DcpPlanTensor& t = plan.tensors[r.index];
+            archives.of(t.dtype, t.chunks[r.chunk].sizes).stream(z, [&](std::size_t, const auto& write) {
+              stream_chunk(t.chunks[r.chunk], max_task, copy, progress, progress_mutex, write);
+            });
+          }
+          z.commit();
+          per_file[i].push_back(item_of(plan, r, f.name, at, sink->offset() - at));
+        }
+        sink->commit();
+      }
+    } catch (...) {
+      failed = true;
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  const unsigned n = std::min<unsigned>(copy_threads(copy.threads), static_cast<unsigned>(std::max<std::size_t>(files.size(), 1)));
+  if (n <= 1) {
+    worker();
+  } else {
+    std::vector<std::jthread> pool;
+    for (unsigned i = 0; i < n; ++i) pool.emplace_back(worker);
+  }
+  if (error) std::rethrow_exception(error);
+  progress.finish();
+  std::vector<DcpItem> items;
+  for (auto& v : per_file) items.insert(items.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
+  return items;
+}
+
+std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+                                        const CopyOptions& copy) {
+  ItemArchives archives(plan.layout);
+  const std::uint64_t max_task = task_bytes(copy.threads);
+  std::vector<std::unique_ptr<PositionalSink>> sinks;
+  std::vector<PositionalSink*> targets;
+  std::vector<CopyTask> tasks;
+  std::vector<DcpItem> items;
+  struct Tail {
+    std::size_t sink, tensor, chunk, first_group;
+    std::uint64_t base;
+  };
+  std::vector<Tail> tails;
+  std::size_t groups = 0;
+  for (const DcpFilePlan& f : files) {
+    const std::size_t s = sinks.size();
+    sinks.push_back(open_positional_sink(dir / f.name, Overwrite::kYes));
+    targets.push_back(sinks.back().get());
+    sinks.back()->resize(f.size);
+    std::uint64_t at = 0;
+    for (const DcpFilePlan::Ref& r : f.items) {
+      const std::size_t first = tasks.size();
+      std::uint64_t length = 0;
+      if (!r.tensor) {
+        const DcpPlanObject& o = plan.objects[r.index];
+        length = o.item->size();
+        add_range_tasks(tasks, o.item, 0, length, at, groups++, max_task);
+      } else {
+        const DcpPlanTensor& t = plan.tensors[r.index];
+        const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+        a.place_heads(*sinks.back(), at);
+        for (std::size_t i = 0; i < a.records().size(); ++i) {
+          if (a.records()[i].storage_key) t.chunks[r.chunk].add_tasks(tasks, at + a.data_offset(i), groups + i, max_task);
+        }
+        tails.push_back({s, r.index, r.chunk, groups, at});
+        groups += a.records().size();
+        length = a.size();
+      }
+      for (std::size_t k = first; k < tasks.size(); ++k) tasks[k].sink = s;
+      items.push_back(item_of(plan, r, f.name, at, length));
+      at += length;
+    }
+    if (at != f.size) internal_error("write_dcp_files: a file's size differs from its plan");
+  }
+  const std::vector<std::uint32_t> crcs = run_copy(targets, std::move(tasks), groups, copy);
+  for (const Tail& t : tails) {
+    const DcpPlanTensor& tensor = plan.tensors[t.tensor];
+    const ArchivePlan& a = archives.of(tensor.dtype, tensor.chunks[t.chunk].sizes);
+    a.place_tail(*sinks[t.sink], t.base, std::span(crcs).subspan(t.first_group, a.records().size()));
+  }
+  for (auto& s : sinks) s->commit();
+  return items;
 }
 
 }  // namespace
+
+void validate_dcp_plan(const DcpPlan& plan) {
+  if (plan.world_size < 1) throw Error(ErrorKind::kInvalidArgument, "world size must be at least 1");
+  if (plan.files_per_rank < 1) throw Error(ErrorKind::kInvalidArgument, "files per rank must be at least 1");
+  const int world = plan.world_size;
+  std::set<std::string> names;
+  for (const DcpPlanTensor& t : plan.tensors) {
+    const auto bad = [&](const std::string& m) { throw Error(ErrorKind::kInvalidArgument, "tensor '" + t.fqn + "': " + m); };
+    std::uint64_t numel = 1, volume = 0;
+    for (auto d : t.shape) {
+      if (d < 0) bad("negative dimension");
+      numel *= static_cast<std::uint64_t>(d);
+    }
+    if (t.chunks.empty()) bad("no chunks");
+    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+      const auto& c = t.chunks[i];
+      if (c.rank < 0 || c.rank >= world) bad("chunk rank " + std::to_string(c.rank) + " is not in [0, " + std::to_string(world) + ")");
+      if (c.offsets.size() != t.shape.size() || c.sizes.size() != t.shape.size()) bad("chunk rank differs from the tensor's");
+      for (std::size_t d = 0; d < t.shape.size(); ++d) {
+        if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > t.shape[d]) bad("chunk passes the tensor's bounds");
+      }
+      volume += box_volume(c.sizes);
+      for (std::size_t k = 0; k < i && !t.shape.empty(); ++k) {
+        if (intersect(c.offsets, c.sizes, t.chunks[k].offsets, t.chunks[k].sizes)) bad("chunks overlap");
+      }
+    }
+    if (!t.shape.empty() && volume != numel) bad("chunks cover " + std::to_string(volume) + " of " + std::to_string(numel) + " elements");
+    if (!names.insert(t.fqn).second) throw Error(ErrorKind::kInvalidArgument, "FQN '" + t.fqn + "' given twice");
+  }
+  for (const DcpPlanObject& o : plan.objects) {
+    if (o.rank < 0 || o.rank >= world) throw Error(ErrorKind::kInvalidArgument, "object '" + o.fqn + "': rank out of range");
+    if (!names.insert(o.fqn).second) throw Error(ErrorKind::kInvalidArgument, "FQN '" + o.fqn + "' given twice");
+  }
+}
+
+std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
+  ItemArchives archives(plan.layout);
+  const auto k = static_cast<std::size_t>(plan.files_per_rank);
+  std::vector<DcpFilePlan> files;
+  for (int rank = 0; rank < plan.world_size; ++rank) {
+    const std::size_t first = files.size();
+    for (std::size_t n = 0; n < k; ++n) files.push_back({rank, "__" + std::to_string(rank) + "_" + std::to_string(n) + ".distcp", {}, 0});
+    std::vector<DcpFilePlan::Ref> objects, tensors;
+    for (std::size_t i = 0; i < plan.objects.size(); ++i) {
+      if (plan.objects[i].rank == rank) objects.push_back({false, i, 0});
+    }
+    for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
+      for (std::size_t c = 0; c < plan.tensors[i].chunks.size(); ++c) {
+        if (plan.tensors[i].chunks[c].rank == rank) tensors.push_back({true, i, c});
+      }
+    }
+    auto chunk_bytes = [&](const DcpFilePlan::Ref& r) {
+      const DcpPlanTensor& t = plan.tensors[r.index];
+      return box_volume(t.chunks[r.chunk].sizes) * element_size(t.dtype);
+    };
+    if (k > 1) {
+      std::stable_sort(tensors.begin(), tensors.end(), [&](const auto& a, const auto& b) { return chunk_bytes(a) > chunk_bytes(b); });
+    }
+    for (std::size_t i = 0; i < objects.size(); ++i) files[first + i % k].items.push_back(objects[i]);
+    std::vector<std::uint64_t> load(k, 0);
+    for (const auto& r : tensors) {
+      const std::size_t b = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      files[first + b].items.push_back(r);
+      load[b] += chunk_bytes(r);
+    }
+  }
+  for (DcpFilePlan& f : files) {
+    for (const auto& r : f.items) f.size += item_bytes(plan, r, archives);
+  }
+  return files;
+}
+
+std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+                                     const CopyOptions& copy) {
+  return plan.compression == DcpCompression::kZstd ? write_compressed(dir, plan, files, copy) : write_uncompressed(dir, plan, files, copy);
+}
+
+void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items) {
+  // NOTE [.metadata last]: only now, with every data file durable, does the directory become a
+  // checkpoint, by the rename of .metadata.tmp (what DCP's FileSystemWriter.finish does).
+  const bool zstd = plan.compression == DcpCompression::kZstd;
+  MetadataBuilder mb(plan.layout);
+  std::vector<std::pair<std::size_t, std::pair<ValuePtr, ValuePtr>>> entries;
+  for (const auto& t : plan.tensors) entries.push_back({t.position, {pk::make_str(t.fqn), mb.tensor_meta(t)}});
+  for (const auto& o : plan.objects) entries.push_back({o.position, {pk::make_str(o.fqn), mb.bytes_meta()}});
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::pair<ValuePtr, ValuePtr>> sdm, storage, planner;
+  for (auto& e : entries) sdm.push_back(std::move(e.second));
+  for (const auto& it : items) storage.emplace_back(mb.index(it), mb.info(it, zstd));
+  ValuePtr planner_v = pk::make_none();
+  if (plan.layout == DcpLayout::kCurrent) {
+    for (const auto& [k, v] : sdm) {
+      auto pd = plan.planner_data.find(*k->str());
+      planner.emplace_back(k, pd != plan.planner_data.end() ? pk::make_tuple(pd->second) : pk::make_tuple({k}));
+    }
+    planner_v = pk::make_dict(std::move(planner));
+  }
+  ValuePtr root = mb.metadata(pk::make_dict(std::move(sdm)), planner_v, pk::make_dict(std::move(storage)));
+  auto meta = open_file_sink(dir / ".metadata", Overwrite::kYes, dir / ".metadata.tmp");
+  meta->write(pk::write(*root, 4));
+  meta->commit();
+}
+
+std::vector<std::byte> bytes_item(const pickle::Value& value, DcpLayout layout,
+                                  const std::function<SourcePtr(const std::string& key)>& storage_data) {
+  MemorySink sink("a DCP bytes item");
+  write_torch_save(sink, value, storage_data ? storage_data : [](const std::string&) { return SourcePtr(); }, item_options(layout));
+  return sink.take();
+}
+
+}  // namespace detail
 
 void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
                const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options) {
@@ -213,78 +444,37 @@ void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTenso
   if (options.overwrite == Overwrite::kNo && std::filesystem::exists(dir / ".metadata", ec)) {
     throw Error(ErrorKind::kInvalidArgument, dir.string(), std::nullopt, "holds a checkpoint already (use --force to replace it)");
   }
-  std::set<std::string> names;
-  for (const auto& t : tensors) {
-    validate(t, options.world_size);
-    if (!names.insert(t.fqn).second) throw Error(ErrorKind::kInvalidArgument, "FQN '" + t.fqn + "' given twice");
+  detail::DcpPlan plan;
+  plan.world_size = options.world_size;
+  plan.layout = options.layout;
+  plan.compression = options.compression;
+  plan.planner_data = options.planner_data;
+  std::size_t position = 0;
+  for (const DcpWriteTensor& t : tensors) {
+    detail::DcpPlanTensor p{t.fqn, position++, t.dtype, t.shape, t.requires_grad, {}};
+    for (const DcpWriteChunk& c : t.chunks) {
+      const std::uint64_t need = box_volume(c.sizes) * element_size(t.dtype);
+      if (!c.data || c.data->size() != need) {
+        throw Error(ErrorKind::kInvalidArgument, "tensor '" + t.fqn + "': chunk data holds " +
+                                                     (c.data ? std::to_string(c.data->size()) : std::string("no")) +
+                                                     " bytes, its box needs " + std::to_string(need));
+      }
+      p.chunks.push_back({c.rank, c.offsets, c.sizes, [data = c.data](std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group,
+                                                                        std::uint64_t max_task) {
+                            add_range_tasks(tasks, data, 0, data->size(), base, group, max_task);
+                          }});
+    }
+    plan.tensors.push_back(std::move(p));
   }
-  for (const auto& o : objects) {
-    if (o.rank < 0 || o.rank >= options.world_size) throw Error(ErrorKind::kInvalidArgument, "object '" + o.fqn + "': rank out of range");
-    if (!names.insert(o.fqn).second) throw Error(ErrorKind::kInvalidArgument, "FQN '" + o.fqn + "' given twice");
+  for (const DcpWriteObject& o : objects) {
+    plan.objects.push_back({o.fqn, position++, o.rank, memory_source(detail::bytes_item(*o.value, options.layout), o.fqn)});
   }
+  detail::validate_dcp_plan(plan);
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(ErrorKind::kIo, dir.string(), std::nullopt, "cannot create the directory: " + ec.message());
-
-  const bool zstd = options.compression == DcpCompression::kZstd;
-  const TorchSaveWriteOptions item_opts{"archive", options.layout == DcpLayout::kTorch113 ? TorchSaveLayout::kTorch113
-                                                                                          : TorchSaveLayout::kCurrent};
-  std::vector<Item> items;
-  // Each rank's file: its bytes items first, then its tensor items (the order DCP writes).
-  for (int rank = 0; rank < options.world_size; ++rank) {
-    const std::string file = "__" + std::to_string(rank) + "_0.distcp";
-    auto sink = open_file_sink(dir / file, Overwrite::kYes);
-    auto write_item = [&](Item it, const std::function<void(ByteSink&)>& body) {
-      it.file = file;
-      it.offset = sink->offset();
-      ItemSink window(*sink);
-      if (zstd) {
-        ZstdSink z(*sink);
-        body(z);
-        z.commit();
-      } else {
-        body(window);
-      }
-      it.length = sink->offset() - it.offset;
-      items.push_back(std::move(it));
-    };
-    for (const auto& o : objects) {
-      if (o.rank != rank) continue;
-      write_item(Item{o.fqn, std::nullopt, 0, {}, 0, 0},
-                 [&](ByteSink& s) { write_torch_save(s, *o.value, [](const std::string&) { return SourcePtr(); }, item_opts); });
-    }
-    for (const auto& t : tensors) {
-      for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-        const auto& c = t.chunks[i];
-        if (c.rank != rank) continue;
-        write_item(Item{t.fqn, c.offsets, i, {}, 0, 0}, [&](ByteSink& s) {
-          TorchSaveBuilder b;
-          const auto st = b.add_storage(t.dtype, c.data);
-          b.write(s, *b.tensor(st, c.sizes), item_opts);
-        });
-      }
-    }
-    sink->commit();
-  }
-
-  // NOTE [.metadata last]: only now, with every data file durable, does the directory become a
-  // checkpoint, by the rename of .metadata.tmp (what DCP's FileSystemWriter.finish does).
-  MetadataBuilder mb(options.layout);
-  std::vector<std::pair<ValuePtr, ValuePtr>> sdm, storage, planner;
-  for (const auto& t : tensors) sdm.emplace_back(pk::make_str(t.fqn), mb.tensor_meta(t));
-  for (const auto& o : objects) sdm.emplace_back(pk::make_str(o.fqn), mb.bytes_meta());
-  for (const auto& it : items) storage.emplace_back(mb.index(it), mb.info(it, zstd));
-  ValuePtr planner_v = pk::make_none();
-  if (options.layout == DcpLayout::kCurrent) {
-    for (const auto& [k, v] : sdm) {
-      auto pd = options.planner_data.find(*k->str());
-      planner.emplace_back(k, pd != options.planner_data.end() ? pk::make_tuple(pd->second) : pk::make_tuple({k}));
-    }
-    planner_v = pk::make_dict(std::move(planner));
-  }
-  ValuePtr root = mb.metadata(pk::make_dict(std::move(sdm)), planner_v, pk::make_dict(std::move(storage)));
-  auto meta = open_file_sink(dir / ".metadata", Overwrite::kYes, dir / ".metadata.tmp");
-  meta->write(pk::write(*root, 4));
-  meta->commit();
+  const std::vector<detail::DcpFilePlan> files = detail::plan_dcp_files(plan);
+  const std::vector<detail::DcpItem> items = detail::write_dcp_files(dir, plan, files, {});
+  detail::write_dcp_metadata(dir, plan, items);
 }
 
 }  // namespace ckpt

@@ -15,9 +15,10 @@
 #include "ckpt/hdf5.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
+#include "formats/archive_plan.hpp"
 #include "ops/assemble.hpp"
+#include "ops/outputs.hpp"
 #include "ops/text.hpp"
-#include "zip/zip_writer.hpp"
 
 namespace ckpt {
 namespace {
@@ -108,7 +109,7 @@ class Merger {
       : c_(c), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
 
   MergeResult run(bool dry_run) {
-    refuse_overlap();
+    detail::refuse_output_over_input(c_.root, output_);
     if (o_.format == MergeFormat::kHdf5 && !hdf5_available()) {
       throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "this build has no HDF5 support (FSDP_WITH_HDF5=OFF)");
     }
@@ -119,27 +120,9 @@ class Merger {
   }
 
  private:
-  // Replacing the output must never remove the input: refuse an output that is the input or a
-  // directory holding it.
-  void refuse_overlap() const {
-    std::error_code ec;
-    const std::filesystem::path in = std::filesystem::weakly_canonical(c_.root, ec);
-    const std::filesystem::path out = std::filesystem::weakly_canonical(output_, ec);
-    if (in.empty() || out.empty()) return;
-    auto [o, i] = std::mismatch(out.begin(), out.end(), in.begin(), in.end());
-    if (o == out.end()) {
-      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt,
-                  in == out ? "output is the input checkpoint" : "output is a directory that holds the input checkpoint");
-    }
-  }
-
   bool selected(const std::string& name, const std::optional<Key>& top) const {
     if (o_.model_only && (!top || top->is_int || top->text != "model")) return false;
-    bool sel = o_.filters.empty() || !o_.filters.front().include;
-    for (const EntryFilter& f : o_.filters) {
-      if (detail::glob_match(f.glob, name)) sel = f.include;
-    }
-    return sel;
+    return filters_select(o_.filters, name);
   }
 
   std::vector<Key> path_of(const std::string& fqn) const {
@@ -279,14 +262,6 @@ class Merger {
     return e;
   }
 
-  // Range copies of a raw storage.
-  void add_raw_tasks(const SourcePtr& raw, std::uint64_t base, std::size_t group) {
-    for (std::uint64_t at = 0; at < raw->size(); at += task_bytes_) {
-      const std::uint64_t n = std::min(task_bytes_, raw->size() - at);
-      tasks_.push_back({base + at, n, group, [raw, at](std::span<std::byte> out, std::vector<std::byte>&) { raw->read_at(at, out); }});
-    }
-  }
-
   MergeResult torch(bool dry_run) {
     Node root;
     root.kind = Node::kDict;
@@ -309,32 +284,21 @@ class Merger {
     ValuePtr tree = to_value(root);
     std::string archive = output_.stem().string();
     if (archive.empty()) archive = "archive";
-    const std::vector<TorchSaveRecord> records = plan_torch_save(*tree, {archive, TorchSaveLayout::kCurrent}, output_.string());
-
-    detail::ZipLayout layout(archive);
-    std::vector<std::pair<std::uint64_t, std::vector<std::byte>>> headers;
+    const detail::ArchivePlan plan(archive, plan_torch_save(*tree, {archive, TorchSaveLayout::kCurrent}, output_.string()));
+    const std::vector<TorchSaveRecord>& records = plan.records();
     for (std::size_t i = 0; i < records.size(); ++i) {
       const TorchSaveRecord& r = records[i];
-      std::vector<std::byte> header = layout.add(r.name, r.size);
-      const detail::ZipLayout::Member& m = layout.members().back();
-      headers.emplace_back(m.header_offset, std::move(header));
-      if (!r.storage_key) {
-        tasks_.push_back({m.data_offset, r.size, i, [&r](std::span<std::byte> out, std::vector<std::byte>&) {
-                            std::copy(r.bytes.begin(), r.bytes.end(), out.begin());
-                          }});
-        continue;
-      }
+      if (!r.storage_key) continue;
       std::size_t idx = 0;
       std::from_chars(r.storage_key->data(), r.storage_key->data() + r.storage_key->size(), idx);
       const StorageSource& s = storages_.at(idx);
       if (s.tensor) {
-        detail::add_box_tasks(tasks_, reader_, *s.tensor, detail::whole(*s.tensor), s.out, m.data_offset, i, task_bytes_);
+        detail::add_box_tasks(tasks_, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), i, task_bytes_);
       } else {
-        add_raw_tasks(s.raw, m.data_offset, i);
+        add_range_tasks(tasks_, s.raw, 0, s.raw->size(), plan.data_offset(i), i, task_bytes_);
       }
     }
-    const std::uint64_t trailer_size = layout.trailer(std::vector<std::uint32_t>(records.size(), 0)).size();
-    const std::uint64_t total = layout.end() + trailer_size;
+    const std::uint64_t total = plan.size();
 
     MergeResult result;
     std::size_t ntensors = 0;
@@ -351,13 +315,9 @@ class Merger {
 
     auto sink = open_positional_sink(output_, o_.overwrite);
     sink->resize(total);
-    for (const auto& [at, bytes] : headers) sink->write_at(at, bytes);
+    plan.place_heads(*sink, 0);
     const std::vector<std::uint32_t> crcs = run_copy(*sink, std::move(tasks_), records.size(), {o_.threads, o_.progress, o_.task_delay_ms});
-    for (std::size_t i = 0; i < records.size(); ++i) {
-      const auto& m = layout.members()[i];
-      sink->write_at(m.data_offset + m.size, layout.descriptor(i, crcs[i]));
-    }
-    sink->write_at(layout.end(), layout.trailer(crcs));
+    plan.place_tail(*sink, 0, crcs);
     sink->commit();
     return result;
   }
@@ -453,7 +413,7 @@ class Merger {
     if (o_.overwrite == Overwrite::kNo && std::filesystem::exists(output_, ec)) {
       throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt, "output exists already (use --force to replace it)");
     }
-    const std::filesystem::path into = dir ? temp_dir() : output_.parent_path();
+    const std::filesystem::path into = dir ? detail::fresh_dir(output_, ".tmp." + std::to_string(::getpid())) : output_.parent_path();
     try {
       for (const Planned& p : files) {
         tasks_.clear();
@@ -472,7 +432,7 @@ class Merger {
         sink->write(index.data(), index.size());
         sink->commit();
       }
-      if (dir) move_dir_into_place(into);
+      if (dir) detail::move_dir_into_place(into, output_);
     } catch (...) {
       if (dir) std::filesystem::remove_all(into, ec);
       throw;
@@ -509,33 +469,6 @@ class Merger {
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);
     return result;
-  }
-
-  std::filesystem::path temp_dir() const {
-    std::filesystem::path t = output_;
-    t += ".tmp." + std::to_string(::getpid());
-    std::error_code ec;
-    std::filesystem::remove_all(t, ec);
-    if (!std::filesystem::create_directories(t, ec) && ec) {
-      throw Error(ErrorKind::kIo, t.string(), std::nullopt, "cannot create the output directory: " + ec.message());
-    }
-    return t;
-  }
-
-  // NOTE [Atomic outputs] for a directory: built under a temporary name, then renamed; a replaced
-  // output is moved aside first and removed only after the new one is in place.
-  void move_dir_into_place(const std::filesystem::path& built) const {
-    std::error_code ec;
-    std::filesystem::path old;
-    if (std::filesystem::exists(output_, ec)) {
-      old = output_;
-      old += ".old." + std::to_string(::getpid());
-      std::filesystem::rename(output_, old, ec);
-      if (ec) throw Error(ErrorKind::kIo, output_.string(), std::nullopt, "cannot move the old output aside: " + ec.message());
-    }
-    std::filesystem::rename(built, output_, ec);
-    if (ec) throw Error(ErrorKind::kIo, output_.string(), std::nullopt, "cannot move the new output into place: " + ec.message());
-    if (!old.empty()) std::filesystem::remove_all(old, ec);
   }
 
   const Checkpoint& c_;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/ops/filter.hpp"
 #include "ckpt/progress.hpp"
 
 namespace ckpt {
@@ -25,20 +26,12 @@ namespace ckpt {
 enum class MergeFormat { kTorch, kSafetensors, kHdf5 };
 enum class MergeLayout { kNested, kFlat };
 
-/// `--include GLOB` / `--exclude GLOB`. Applied in order to each entry's FQN (and to each key of
-/// meta.pt): an entry is selected by the last filter that matches it; when none matches, it is
-/// selected unless the first filter is an include.
-struct EntryFilter {
-  bool include = true;
-  std::string glob;
-};
-
 struct MergeOptions {
   MergeFormat format = MergeFormat::kTorch;
   MergeLayout layout = MergeLayout::kNested;  ///< torch: nested by planner_data, or {fqn: value}
   std::optional<std::string> key;             ///< safetensors: the top-level key whose tensors to write
   std::optional<DType> dtype;                 ///< cast floating tensors (float16/bfloat16/float32/float64)
-  std::vector<EntryFilter> filters;
+  std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
   bool model_only = false;                    ///< only the top-level key "model"
   /// safetensors: the Hugging Face sharded layout in a directory, files of at most this size
   /// (a tensor larger than it gets a file of its own).

@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "formats/archive_plan.hpp"
+
+#include "ckpt/error.hpp"
+#include "zip/crc32.hpp"
+#include "zip/zip_writer.hpp"
+
+namespace ckpt::detail {
+
+ArchivePlan::ArchivePlan(std::string archive_name, std::vector<TorchSaveRecord> records)
+    : archive_(std::move(archive_name)), records_(std::move(records)) {
+  // The layout is cheap to rebuild, so only the offsets are kept (a DCP directory may hold
+  // hundreds of thousands of items).
+  ZipLayout layout(archive_);
+  for (const TorchSaveRecord& r : records_) {
+    layout.add(r.name, r.size);
+    data_offsets_.push_back(layout.members().back().data_offset);
+  }
+  size_ = layout.end() + layout.trailer(std::vector<std::uint32_t>(records_.size(), 0)).size();
+}
+
+void ArchivePlan::place_heads(PositionalSink& sink, std::uint64_t base) const {
+  ZipLayout layout(archive_);
+  for (const TorchSaveRecord& r : records_) {
+    const std::vector<std::byte> header = layout.add(r.name, r.size);
+    const ZipLayout::Member& m = layout.members().back();
+    sink.write_at(base + m.header_offset, header);
+    if (!r.storage_key) sink.write_at(base + m.data_offset, r.bytes);
+  }
+}
+
+void ArchivePlan::place_tail(PositionalSink& sink, std::uint64_t base, std::span<const std::uint32_t> storage_crcs) const {
+  ZipLayout layout(archive_);
+  std::vector<std::uint32_t> crcs(records_.size());
+  for (std::size_t i = 0; i < records_.size(); ++i) {
+    layout.add(records_[i].name, records_[i].size);
+    crcs[i] = records_[i].storage_key ? storage_crcs[i] : crc32_update(0, records_[i].bytes);
+    const ZipLayout::Member& m = layout.members().back();
+    sink.write_at(base + m.data_offset + m.size, layout.descriptor(i, crcs[i]));
+  }
+  sink.write_at(base + layout.end(), layout.trailer(crcs));
+}
+
+void ArchivePlan::stream(ByteSink& sink, const StorageWriter& storage) const {
+  ZipLayout layout(archive_);
+  const std::uint64_t base = sink.offset();
+  std::vector<std::uint32_t> crcs(records_.size());
+  for (std::size_t i = 0; i < records_.size(); ++i) {
+    const TorchSaveRecord& r = records_[i];
+    sink.write(layout.add(r.name, r.size));
+    std::uint32_t crc = 0;
+    std::uint64_t written = 0;
+    if (r.storage_key) {
+      storage(i, [&](std::span<const std::byte> b) {
+        crc = crc32_update(crc, b);
+        written += b.size();
+        sink.write(b);
+      });
+    } else {
+      crc = crc32_update(0, r.bytes);
+      written = r.bytes.size();
+      sink.write(r.bytes);
+    }
+    if (written != r.size) internal_error("ArchivePlan::stream: a storage record got the wrong number of bytes");
+    crcs[i] = crc;
+    sink.write(layout.descriptor(i, crc));
+  }
+  sink.write(layout.trailer(crcs));
+  if (sink.offset() - base != size_) internal_error("ArchivePlan::stream: the archive's size differs from its plan");
+}
+
+}  // namespace ckpt::detail

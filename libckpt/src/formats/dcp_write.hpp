@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// The DCP writer's plan, shared by write_dcp (chunks given as bytes) and shard (chunks assembled
+// from another checkpoint's chunks): which items each rank's files hold, in which order, and how
+// each chunk's elements are made. Writing is split in two so that several processes can each
+// write some ranks' files and one of them commit `.metadata` last (ops/shard.cpp):
+//   plan_dcp_files -> write_dcp_files (any subset of the files) -> write_dcp_metadata.
+// Uncompressed files are laid out from the plan (every item's size is known) and filled by the
+// copy engine in one parallel run across all files; with stream.zstd/1 each item is streamed
+// through one zstd frame, file by file, in bounded memory.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckpt/copy.hpp"
+#include "ckpt/dcp.hpp"
+
+namespace ckpt::detail {
+
+struct DcpPlanChunk {
+  int rank = 0;
+  std::vector<std::int64_t> offsets, sizes;
+  /// Adds the tasks that make the chunk's elements (C order, the tensor's dtype) at `base` in CRC
+  /// group `group`, each task at most `max_task` bytes.
+  std::function<void(std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task)> add_tasks;
+};
+
+struct DcpPlanTensor {
+  std::string fqn;
+  std::size_t position = 0;  ///< order in state_dict_metadata, among tensors and objects
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  bool requires_grad = false;
+  std::vector<DcpPlanChunk> chunks;  ///< in the order .metadata lists them
+};
+
+struct DcpPlanObject {
+  std::string fqn;
+  std::size_t position = 0;
+  int rank = 0;
+  SourcePtr item;  ///< the item's bytes before transforms: a torch.save archive of the value
+};
+
+struct DcpPlan {
+  int world_size = 1;
+  int files_per_rank = 1;
+  DcpLayout layout = DcpLayout::kCurrent;
+  DcpCompression compression = DcpCompression::kNone;
+  int zstd_level = 3;
+  std::vector<DcpPlanTensor> tensors;
+  std::vector<DcpPlanObject> objects;
+  std::map<std::string, std::vector<pickle::ValuePtr>> planner_data;  ///< FQN -> path; others get (fqn,)
+};
+
+/// One data file and the items it holds, in write order (bytes items first, as DCP writes them).
+struct DcpFilePlan {
+  struct Ref {
+    bool tensor = false;
+    std::size_t index = 0;  ///< into DcpPlan::tensors or ::objects
+    std::size_t chunk = 0;  ///< tensors: into DcpPlanTensor::chunks
+  };
+  int rank = 0;
+  std::string name;  ///< "__{rank}_{n}.distcp"
+  std::vector<Ref> items;
+  std::uint64_t size = 0;  ///< before compression
+};
+
+/// Where one item went (a storage_data entry).
+struct DcpItem {
+  std::string fqn;
+  std::optional<std::vector<std::int64_t>> offsets;  ///< tensors only
+  std::size_t chunk_index = 0;
+  std::string file;
+  std::uint64_t offset = 0, length = 0;
+};
+
+/// Throws kInvalidArgument unless every tensor's chunks pass the checks PyTorch's coordinator
+/// applies at save time (spec/FORMATS.md §3.7.2) and every rank and FQN is valid.
+void validate_dcp_plan(const DcpPlan& plan);
+
+/// Every rank's files, empty ones included. With files_per_rank K > 1, bytes items are dealt
+/// round-robin and tensor items, largest first, each into the file with the fewest bytes so far
+/// (DCP's thread_count split).
+std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan);
+
+/// Writes `files` into `dir`, each atomically (a temporary name, fsync, rename), and returns
+/// where each of their items went, in file order. Throws what the tasks throw; a file not
+/// committed is removed.
+std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+                                     const CopyOptions& copy);
+
+/// Writes `.metadata` through `.metadata.tmp` and a rename (NOTE [.metadata last]).
+void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items);
+
+/// The bytes of a torch.save archive of `value` as a DCP bytes item holds it; storages named by
+/// persistent ids in `value` come from `storage_data`.
+std::vector<std::byte> bytes_item(const pickle::Value& value, DcpLayout layout,
+                                  const std::function<SourcePtr(const std::string& key)>& storage_data = {});
+
+}  // namespace ckpt::detail
