@@ -62,26 +62,30 @@ Checkpoint single_file(Format format, const std::filesystem::path& path, std::st
 
 }  // namespace
 
+TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t, std::size_t file) {
+  const TorchStorage& st = f.storages[t.storage];
+  TensorEntry e;
+  e.name = t.name;
+  e.dtype = t.dtype;
+  e.shape = t.shape;
+  e.requires_grad = t.requires_grad;
+  ChunkLocation loc;
+  loc.file = file;
+  loc.offset = resolve_window(*st.data).offset;
+  loc.length = st.data->size();
+  loc.storage_offset = t.storage_offset;
+  loc.strides = t.stride;
+  e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
+  return e;
+}
+
 Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
   SourcePtr src = open_mmap(path);
   TorchSaveFile f = read_torch_save(src);
   Checkpoint c = single_file(Format::kTorchSave, path, torch_writer_guess(f.records), src->size());
   for (const TorchTensor& t : f.tensors) {
-    const TorchStorage& st = f.storages[t.storage];
-    TensorEntry e;
-    e.name = t.name;
-    e.dtype = t.dtype;
-    e.shape = t.shape;
-    e.requires_grad = t.requires_grad;
-    ChunkLocation loc;
-    loc.file = 0;
-    loc.offset = resolve_window(*st.data).offset;
-    loc.length = st.data->size();
-    loc.storage_offset = t.storage_offset;
-    loc.strides = t.stride;
-    e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
-    e.position = c.tensors.size();
-    c.tensors.push_back(std::move(e));
+    c.tensors.push_back(torch_save_tensor_entry(f, t, 0));
+    c.tensors.back().position = c.tensors.size() - 1;
   }
   for (auto& [name, v] : f.objects) c.objects.push_back({name, c.tensors.size() + c.objects.size(), v, std::nullopt});
   c.meta_trees.emplace_back(path.filename().string(), f.root);

@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ def args():
     p.add_argument("--shared", required=True)
     p.add_argument("--merge", help="the fsdp-ckpt-merge binary")
     p.add_argument("--inspect", help="the fsdp-ckpt-inspect binary")
+    p.add_argument("--shard", help="the fsdp-ckpt-shard binary")
     return p.parse_args()
 
 
@@ -88,3 +90,28 @@ def tensor_bytes(torch, t):
 def sample_bytes(s, n, is_bool):
     b = bytes(((j * 131 + s * 17 + 7) % 256) for j in range(n))
     return bytes(x % 2 for x in b) if is_bool else b
+
+
+def read_safetensors(path, padded=True):
+    """The header with json and struct only, and each tensor's raw bytes. `padded`: the header's
+    length must be a multiple of 8, as the reference writer makes it (older writers did not pad)."""
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    assert n % 8 == 0 or not padded, "header not padded to 8"
+    body = data[8 + n:]
+    meta = header.pop("__metadata__", {})
+    spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in header.items())
+    at = 0
+    for b, e, k in spans:
+        assert b == at, f"{k}: hole or overlap at {b}"
+        at = e
+    assert at == len(body), "trailing bytes"
+    return meta, {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+
+
+def raw(t):
+    """A tensor's bytes in C order (bool as one byte each)."""
+    import torch
+    t = t.contiguous().reshape(-1)
+    return bytes((t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).numpy())

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import args, check, finish, import_torch, probe, skip, tmpdir  # noqa: E402
+from common import args, check, finish, import_torch, probe, raw, read_safetensors, skip, tmpdir  # noqa: E402
 import dcp_oracle  # noqa: E402
 
 a = args()
@@ -190,29 +190,7 @@ def test_strided_items():
     same_cast(got["t"], want["t"].to(torch.float16), "t as fp16")
 
 
-def read_safetensors(path):
-    """The header with json and struct only, and each tensor's raw bytes."""
-    data = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    assert n % 8 == 0, "header not padded to 8"
-    body = data[8 + n:]
-    meta = header.pop("__metadata__", {})
-    spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in header.items())
-    at = 0
-    for b, e, k in spans:
-        assert b == at, f"{k}: hole or overlap at {b}"
-        at = e
-    assert at == len(body), "trailing bytes"
-    return meta, {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
-
-
 ST = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64", torch.bool: "BOOL", torch.float64: "F64"}
-
-
-def raw(t):
-    t = t.contiguous().reshape(-1)
-    return bytes((t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).numpy())
 
 
 def test_safetensors_single():

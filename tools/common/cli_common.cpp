@@ -57,4 +57,32 @@ std::uint64_t parse_byte_size(std::string_view text) {
   return static_cast<std::uint64_t>(std::llround(bytes));
 }
 
+std::vector<std::string> float_dtype_names() {
+  return {"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float", "fp64", "float64", "double"};
+}
+
+ckpt::DType parse_float_dtype(std::string_view d) {
+  if (d == "bf16" || d == "bfloat16") return ckpt::DType::kBFloat16;
+  if (d == "fp16" || d == "float16" || d == "half") return ckpt::DType::kFloat16;
+  if (d == "fp64" || d == "float64" || d == "double") return ckpt::DType::kFloat64;
+  if (d == "fp32" || d == "float32" || d == "float") return ckpt::DType::kFloat32;
+  throw CLI::ValidationError("--dtype", "'" + std::string(d) + "' is not bf16, fp16, fp32 or fp64");
+}
+
+std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv) {
+  std::vector<ckpt::EntryFilter> out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--") break;
+    for (const auto& [flag, include] : {std::pair{std::string_view("--include"), true}, std::pair{std::string_view("--exclude"), false}}) {
+      if (a == flag && i + 1 < argc) {
+        out.push_back({include, argv[++i]});
+      } else if (a.size() > flag.size() && a.substr(0, flag.size()) == flag && a[flag.size()] == '=') {
+        out.push_back({include, std::string(a.substr(flag.size() + 1))});
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace fsdp_tools

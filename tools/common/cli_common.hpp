@@ -8,6 +8,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "ckpt/dtype.hpp"
+#include "ckpt/ops/filter.hpp"
 
 namespace fsdp_tools {
 
@@ -23,5 +27,13 @@ std::optional<int> parse(CLI::App& app, int argc, const char* const* argv);
 
 /// "512", "64MB", "1.5GiB" -> bytes. Throws CLI::ValidationError on anything else.
 std::uint64_t parse_byte_size(std::string_view text);
+
+/// The names --dtype accepts (bf16, fp16, fp32, fp64 and their torch spellings).
+std::vector<std::string> float_dtype_names();
+/// One of float_dtype_names() -> the dtype.
+ckpt::DType parse_float_dtype(std::string_view name);
+
+/// --include and --exclude in the order argv gives them (CLI11 keeps each option's values apart).
+std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv);
 
 }  // namespace fsdp_tools

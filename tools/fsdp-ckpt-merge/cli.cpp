@@ -22,7 +22,7 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
       ->check(CLI::IsMember({"nested", "flat"}));
   app->add_option("--key", o.key, "safetensors: write the tensors under this top-level key (default: model, when there is one)");
   app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
-      ->check(CLI::IsMember({"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float", "fp64", "float64", "double"}));
+      ->check(CLI::IsMember(float_dtype_names()));
   app->add_option("--include", o.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")
       ->allow_extra_args(false);
   app->add_option("--exclude", o.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")
@@ -35,22 +35,6 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
   app->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
   app->add_flag("--json", o.json, "print the result (or the plan) as one JSON object");
   return app;
-}
-
-std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv) {
-  std::vector<ckpt::EntryFilter> out;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    if (a == "--") break;
-    for (const auto& [flag, include] : {std::pair{std::string_view("--include"), true}, std::pair{std::string_view("--exclude"), false}}) {
-      if (a == flag && i + 1 < argc) {
-        out.push_back({include, argv[++i]});
-      } else if (a.size() > flag.size() && a.substr(0, flag.size()) == flag && a[flag.size()] == '=') {
-        out.push_back({include, std::string(a.substr(flag.size() + 1))});
-      }
-    }
-  }
-  return out;
 }
 
 ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFilter> filters) {
@@ -69,11 +53,7 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
     m.key = o.key;
   }
   if (!o.dtype.empty()) {
-    const std::string& d = o.dtype;
-    m.dtype = d == "bf16" || d == "bfloat16" ? ckpt::DType::kBFloat16
-              : d == "fp16" || d == "float16" || d == "half" ? ckpt::DType::kFloat16
-              : d == "fp64" || d == "float64" || d == "double" ? ckpt::DType::kFloat64
-                                                                : ckpt::DType::kFloat32;
+    m.dtype = parse_float_dtype(o.dtype);
   }
   m.filters = std::move(filters);
   m.model_only = o.model_only;

@@ -31,9 +31,6 @@ struct MergeCliOptions {
 
 std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& options);
 
-/// --include and --exclude in the order argv gives them.
-std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv);
-
 /// Throws CLI::ValidationError for values the parser could not check alone.
 ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFilter> filters);
 

@@ -106,6 +106,12 @@ Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);
 /// directory) read as one checkpoint; a tensor the weight_map names must be in the shard it names.
 Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path);
 
+struct TorchSaveFile;
+struct TorchTensor;
+/// The entry of tensor `t` of torch.save file `f`, whose bytes are file `file` of a checkpoint:
+/// one raw chunk over its storage record, its view (offset, strides) kept. No bytes are read.
+TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t, std::size_t file);
+
 /// A chunk's elements, resolved: the bytes that hold them and their layout.
 struct ChunkData {
   SourcePtr storage;                  ///< the bytes the view indexes into

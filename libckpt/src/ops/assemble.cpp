@@ -82,7 +82,7 @@ void gather(const ChunkData& d, const std::vector<std::int64_t>& origin, const B
 Box whole(const TensorEntry& tensor) { return {std::vector<std::int64_t>(tensor.shape.size(), 0), tensor.shape}; }
 
 void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& t, const Box& dest, DType out,
-                   std::uint64_t base, std::size_t group, std::uint64_t max_task) {
+                   std::uint64_t base, std::size_t group, std::uint64_t max_task, std::uint64_t max_memory) {
   const DType in = t.dtype;
   const std::uint64_t ies = element_size(in), oes = element_size(out);
   if (in != out && (!is_castable_float(in) || !is_castable_float(out))) internal_error("add_box_tasks: not a float cast");
@@ -101,7 +101,14 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
                   "chunk of '" + t.name + "' at " + shape_text(c.offsets) + " has no storage_data entry");
     }
     Piece p{&c, *o, nullptr};
-    if (c.location->transforms.empty()) p.data = std::make_shared<const ChunkData>(reader.read(t, c));
+    if (c.location->transforms.empty()) {
+      p.data = std::make_shared<const ChunkData>(reader.read(t, c));
+    } else if (box_volume(c.sizes) * ies > max_memory) {
+      throw Error(ErrorKind::kInvalidArgument, reader.checkpoint().root.string(), std::nullopt,
+                  "the compressed chunk of '" + t.name + "' at " + shape_text(c.offsets) + " decodes to " +
+                      std::to_string(box_volume(c.sizes) * ies) + " bytes, more than the memory bound of " + std::to_string(max_memory) +
+                      " (raise --max-memory)");
+    }
     boxes.push_back(*o);
     pieces.push_back(std::move(p));
   }
@@ -153,6 +160,12 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
 
   // Gather: bands of rows along the box's dim 0.
   const std::uint64_t row = volume / static_cast<std::uint64_t>(dest.sizes[0]);
+  if (row * (ies + (in != out ? oes : 0)) > max_memory) {
+    throw Error(ErrorKind::kInvalidArgument, reader.checkpoint().root.string(), std::nullopt,
+                "'" + t.name + "' must be gathered row by row (its chunks are not split on dim 0, or are strided) and one row needs " +
+                    std::to_string(row * (ies + (in != out ? oes : 0))) + " bytes, more than the memory bound of " +
+                    std::to_string(max_memory) + " (raise --max-memory)");
+  }
   const std::int64_t rows = static_cast<std::int64_t>(std::max<std::uint64_t>(1, max_task / (row * std::max(ies, oes))));
   for (std::int64_t r0 = 0; r0 < dest.sizes[0]; r0 += rows) {
     Box band = dest;

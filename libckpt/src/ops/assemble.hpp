@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -22,9 +23,12 @@ namespace ckpt::detail {
 /// elements, C-contiguous from offset `base` of the output. `reader` and `tensor` must outlive
 /// the tasks. Reads every chunk's item header now, so that a missing file or a bad item fails
 /// before any output exists; compressed items are decoded when their task runs. Throws
-/// kFormat/kMismatch for chunks that do not tile `dest` or items that disagree with the metadata.
+/// kFormat/kMismatch for chunks that do not tile `dest` or items that disagree with the metadata,
+/// and kInvalidArgument when one task would need more than `max_memory` bytes: a row of a gathered
+/// band, or a compressed item, which its task decodes whole.
 void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& tensor, const Box& dest, DType out,
-                   std::uint64_t base, std::size_t group, std::uint64_t max_task = kTaskBytes);
+                   std::uint64_t base, std::size_t group, std::uint64_t max_task = kTaskBytes,
+                   std::uint64_t max_memory = std::numeric_limits<std::uint64_t>::max());
 
 /// The whole box of `tensor`.
 Box whole(const TensorEntry& tensor);

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// shard: any checkpoint (a torch.save full file, safetensors or an index, a DCP or Lightning
+// directory of any world size) into a DCP directory for `world_size` ranks, laid out as FSDP
+// writes it (spec/FORMATS.md §5), through the copy engine: each output chunk is copied from the
+// input chunks that overlap it, range by range, never assembling a whole tensor.
+//
+// What goes where:
+// - DCP input: every entry keeps its FQN and planner_data; bytes items are copied as they are;
+//   meta.pt, common.pt and metadata.json are carried over byte for byte (meta.pt is rewritten
+//   only when filters drop some of its keys).
+// - torch.save input: flattened by DCP's rules (torch >= 2.4, §3.6): mappings are descended
+//   into, lists only when they hold a tensor or a mapping, everything else is a leaf; planner_data
+//   records each path. A Lightning full checkpoint (a top-level dict whose "model" is a mapping)
+//   is split as Lightning's sharded save splits it: "model" and every optimizer state dict (a
+//   mapping with "state" and "param_groups") go into the DCP part, the other top-level keys into
+//   meta.pt. Anything else is a bare state dict: all of it in the DCP part.
+// - safetensors input: every tensor by its name.
+// - `key`: for input that is not DCP, every entry goes under this top-level key ("model").
+//
+// Geometry: kFsdp chunks dim 0 by torch.chunk's rule (FSDP1's sharded state dict: ranks past the
+// last piece write nothing for that tensor); kDtensor as DTensor Shard(0) (every rank, empty
+// shards at offset dim-0 size). 0-d tensors, tensors matched by `replicate` and non-tensor
+// entries are written once, by the rank DCP's deduplication picks (§3.7.3). Optimizer moments
+// have their parameter's shape, so they are chunked exactly like it.
+//
+// Several processes (RANK/WORLD_SIZE from a launcher, over a shared file system) can run the same
+// shard together: output ranks are divided among them (rank r to process r mod P), each writes
+// its files into `<outdir>.partial` and then a completion marker listing its items; process 0
+// waits for every marker, writes `.metadata` last and moves the directory into place. A process
+// that fails writes a failure marker instead; process 0 then writes no `.metadata` and names it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/dcp.hpp"
+#include "ckpt/ops/filter.hpp"
+#include "ckpt/progress.hpp"
+
+namespace ckpt {
+
+enum class ShardLayout { kFsdp, kDtensor };
+
+struct ShardOptions {
+  int world_size = 1;
+  ShardLayout layout = ShardLayout::kFsdp;
+  std::vector<std::string> replicate;         ///< globs: tensors kept whole, written once
+  int files_per_rank = 1;
+  DcpCompression compression = DcpCompression::kNone;
+  int zstd_level = 3;
+  std::optional<DType> dtype;                 ///< cast floating tensors (not those inside bytes items or meta.pt)
+  std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
+  std::optional<std::string> key;             ///< input that is not DCP: put every entry under this key
+  /// The most memory one task may need: a band of a gathered tensor (dim-1 or strided input, a
+  /// cast) and a compressed input item are decoded whole. Exceeding it is an error, not a swap.
+  std::uint64_t max_memory = std::uint64_t{1} << 30;
+  Overwrite overwrite = Overwrite::kNo;
+  unsigned threads = 0;                       ///< 0: the machine's cores
+  Progress* progress = nullptr;
+  unsigned task_delay_ms = 0;                 ///< tests only (CopyOptions::task_delay_ms)
+  int process_index = 0;                      ///< distributed: this process among process_count
+  int process_count = 1;
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};  ///< process 0's wait for the others
+};
+
+struct ShardChunk {
+  int rank = 0;
+  std::vector<std::int64_t> offsets, sizes;
+};
+
+/// One entry of the output.
+struct ShardedEntry {
+  std::string name;           ///< FQN, or the meta.pt key
+  std::string kind;           ///< "tensor", "object" (a bytes item), "meta" (a meta.pt key)
+  std::optional<DType> dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t nbytes = 0;   ///< tensors: in the output dtype
+  std::vector<ShardChunk> chunks;  ///< tensors: in .metadata order; objects: one, whose rank holds it
+};
+
+struct ShardedFile {
+  std::filesystem::path path;
+  std::uint64_t size = 0;     ///< uncompressed size in a plan; what was written otherwise
+  std::size_t items = 0;
+  bool written_here = true;   ///< distributed: whether this process wrote it
+};
+
+struct ShardResult {
+  std::vector<ShardedEntry> entries;  ///< in output order
+  std::vector<ShardedFile> files;
+  int world_size = 0;
+  std::size_t dropped = 0;            ///< entries the filters left out
+  std::uint64_t tensor_bytes = 0;
+  bool committed = false;             ///< this process wrote .metadata (process 0, not a dry run)
+};
+
+/// Plans the shard of `input` into the DCP directory `output` and, unless `dry_run`, writes it:
+/// data files, then `.metadata` last, in `<output>.partial`, renamed into place. Throws
+/// ckpt::Error: kInvalidArgument for options that cannot apply (an existing output without
+/// Overwrite::kYes, the output over the input, a task larger than max_memory), kFormat/kMismatch/
+/// kIo for bad input, found before any output exists where the metadata shows it; a failure while
+/// copying leaves no output.
+ShardResult shard(const Checkpoint& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run = false);
+
+/// The torch.chunk rule (spec/FORMATS.md §5.1): the [begin, begin + size) pieces of a dimension
+/// of `length` split `world` ways; fewer than `world` when they run out.
+std::vector<std::pair<std::int64_t, std::int64_t>> chunk_pieces(std::int64_t length, int world);
+/// DTensor Shard(0) (§5.3): rank `rank`'s [begin, begin + size), empty at `length` past the end.
+std::pair<std::int64_t, std::int64_t> dtensor_piece(std::int64_t length, int world, int rank);
+
+}  // namespace ckpt

@@ -1,0 +1,593 @@
+// SPDX-License-Identifier: Apache-2.0
+// shard: plan the output entries (flattening, geometry, DCP's deduplication), hand the DCP writer
+// a plan whose chunks are assembled from the input's chunks, and commit (see ckpt/ops/shard.hpp).
+#include "ckpt/ops/shard.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "ckpt/cast.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/sharding.hpp"
+#include "ckpt/torch_save.hpp"
+#include "formats/dcp_write.hpp"
+#include "ops/assemble.hpp"
+#include "ops/outputs.hpp"
+#include "ops/text.hpp"
+
+namespace ckpt {
+
+std::vector<std::pair<std::int64_t, std::int64_t>> chunk_pieces(std::int64_t length, int world) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  if (length == 0) {
+    for (int r = 0; r < world; ++r) out.emplace_back(0, 0);
+    return out;
+  }
+  const std::int64_t c = (length + world - 1) / world;
+  for (std::int64_t begin = 0; begin < length; begin += c) out.emplace_back(begin, std::min(c, length - begin));
+  return out;
+}
+
+std::pair<std::int64_t, std::int64_t> dtensor_piece(std::int64_t length, int world, int rank) {
+  if (length % world == 0) return {rank * (length / world), length / world};
+  const std::int64_t c = (length + world - 1) / world;
+  const std::int64_t start = rank * c;
+  if (start >= length) return {length, 0};
+  return {start, std::min(length, start + c) - start};
+}
+
+namespace {
+
+using pickle::Value;
+using pickle::ValuePtr;
+namespace pk = pickle;
+
+// One entry of the output, before placement.
+struct Entry {
+  std::string fqn;
+  std::vector<ValuePtr> path;             // planner_data
+  const TensorEntry* tensor = nullptr;    // a tensor entry, or
+  SourcePtr item;                         // a bytes item's archive
+  DType out{};
+};
+
+// A box to write and the ranks that hold it before deduplication (all of them when `all`).
+struct Holding {
+  std::vector<std::int64_t> offsets, sizes;
+  std::vector<int> holders;
+  bool all = false;
+};
+
+std::string key_text(const Value& k, const std::string& where) {
+  if (const std::string* s = k.str()) return *s;
+  if (const bool* b = k.get_if<bool>()) return *b ? "True" : "False";  // str(True), as DCP's flattening does
+  if (auto i = k.int64()) return std::to_string(*i);
+  throw Error(ErrorKind::kUnsupported, where, k.offset, "a dict key of type " + k.type_name() + " cannot name a DCP entry");
+}
+
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+class Sharder {
+ public:
+  Sharder(const Checkpoint& c, const std::filesystem::path& output, const ShardOptions& o)
+      : c_(c), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
+
+  ShardResult run(bool dry_run) {
+    check_options();
+    collect();
+    place();
+    ShardResult result = describe();
+    if (dry_run) return result;
+    write(result);
+    return result;
+  }
+
+ private:
+  void check_options() const {
+    if (o_.world_size < 1) throw Error(ErrorKind::kInvalidArgument, "--world-size must be at least 1");
+    if (o_.files_per_rank < 1) throw Error(ErrorKind::kInvalidArgument, "--files-per-rank must be at least 1");
+    if (o_.process_count < 1 || o_.process_index < 0 || o_.process_index >= o_.process_count) {
+      throw Error(ErrorKind::kInvalidArgument, "process " + std::to_string(o_.process_index) + " of " + std::to_string(o_.process_count) +
+                                                   " is not a valid process rank");
+    }
+    detail::refuse_output_over_input(c_.root, output_);
+    std::error_code ec;
+    if (o_.overwrite == Overwrite::kNo && std::filesystem::exists(output_, ec)) {
+      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt, "output exists already (use --force to replace it)");
+    }
+  }
+
+  bool selected(const std::string& name) {
+    if (filters_select(o_.filters, name)) return true;
+    ++dropped_;
+    return false;
+  }
+
+  void add_tensor(std::string fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
+    if (!selected(fqn)) return;
+    Entry e{std::move(fqn), std::move(path), t, nullptr, t->dtype};
+    if (o_.dtype && is_castable_float(t->dtype)) e.out = *o_.dtype;
+    entries_.push_back(std::move(e));
+  }
+
+  void add_object(std::string fqn, std::vector<ValuePtr> path, SourcePtr item) {
+    if (!selected(fqn)) return;
+    entries_.push_back({std::move(fqn), std::move(path), nullptr, std::move(item), {}});
+  }
+
+  std::vector<ValuePtr> keyed(std::vector<ValuePtr> path) const {
+    if (o_.key) path.insert(path.begin(), pk::make_str(*o_.key));
+    return path;
+  }
+  std::string keyed(const std::string& fqn) const { return o_.key ? join(*o_.key, fqn) : fqn; }
+
+  void collect() {
+    const bool dcp = c_.format == Format::kDcp || c_.format == Format::kLightningSharded;
+    if (dcp && o_.key) throw Error(ErrorKind::kInvalidArgument, "--key applies to input that is not a DCP directory (its FQNs are kept)");
+    if (dcp) return collect_dcp();
+    if (c_.format == Format::kTorchSave) return collect_torch_save();
+    for (const TensorEntry& t : c_.tensors) add_tensor(keyed(t.name), keyed({pk::make_str(t.name)}), &t);
+  }
+
+  void collect_dcp() {
+    std::vector<std::pair<std::size_t, std::function<void()>>> in_order;
+    for (const TensorEntry& t : c_.tensors) {
+      in_order.emplace_back(t.position, [this, &t] { add_tensor(t.name, planner_path(t.name), &t); });
+    }
+    for (const ObjectEntry& e : c_.objects) {
+      in_order.emplace_back(e.position, [this, &e] {
+        if (!e.item) throw Error(ErrorKind::kFormat, c_.root.string(), std::nullopt, "entry '" + e.name + "' has no storage_data item");
+        // The item as it is (a torch.save archive), transforms undone.
+        add_object(e.name, planner_path(e.name), reader_.item(*e.item));
+      });
+    }
+    std::stable_sort(in_order.begin(), in_order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [pos, add] : in_order) add();
+    for (const CheckpointFile& f : c_.files) {
+      if (f.relative == "meta.pt") carry_meta(f);
+      else if (f.relative == "common.pt" || f.relative == "metadata.json") carried_.push_back({f.relative, open_file(f.path)});
+    }
+  }
+
+  std::vector<ValuePtr> planner_path(const std::string& fqn) const {
+    if (auto it = c_.planner_data.find(fqn); it != c_.planner_data.end()) {
+      if (const auto* seq = it->second->sequence(); seq && !seq->empty()) return *seq;
+    }
+    return {pk::make_str(fqn)};
+  }
+
+  // meta.pt as it is, unless the filters drop some of its keys.
+  void carry_meta(const CheckpointFile& f) {
+    SourcePtr src = open_file(f.path);
+    auto meta = std::make_shared<TorchSaveFile>(read_torch_save(src));
+    const auto* items = meta->root->dict_items();
+    if (!items) throw Error(ErrorKind::kFormat, f.path.string(), meta->root->offset, "meta.pt holds a " + meta->root->type_name() + ", expected a dict");
+    std::vector<std::pair<ValuePtr, ValuePtr>> kept;
+    for (const auto& [k, v] : *items) {
+      const std::string name = key_text(*k, f.path.string());
+      if (!selected(name)) continue;
+      meta_keys_.push_back(name);
+      kept.emplace_back(k, v);
+    }
+    if (kept.size() == items->size()) {
+      carried_.push_back({"meta.pt", src});
+      return;
+    }
+    carried_.push_back({"meta.pt", memory_source(torch_save_bytes(pk::make_dict(std::move(kept)), *meta, "meta"), "meta.pt")});
+  }
+
+  // A torch.save archive of `root`, whose storages are those of `from`.
+  static std::vector<std::byte> torch_save_bytes(const ValuePtr& root, const TorchSaveFile& from, const std::string& archive) {
+    MemorySink sink(archive);
+    write_torch_save(sink, *root, storages_of(from), {archive, TorchSaveLayout::kCurrent});
+    return sink.take();
+  }
+  static std::function<SourcePtr(const std::string&)> storages_of(const TorchSaveFile& f) {
+    return [&f](const std::string& key) -> SourcePtr {
+      auto it = f.storage_index.find(key);
+      return it == f.storage_index.end() ? nullptr : f.storages[it->second].data;
+    };
+  }
+
+  // DCP's flattening of a torch.save object (torch >= 2.4, spec/FORMATS.md §3.6).
+  void collect_torch_save() {
+    file_ = std::make_unique<TorchSaveFile>(read_torch_save(open_mmap(c_.root)));
+    for (const TorchTensor& t : file_->tensors) tensor_of_.emplace(t.node.get(), &t);
+    const auto* top = file_->root->dict_items();
+    bool lightning = false;
+    if (top) {
+      for (const auto& [k, v] : *top) lightning = lightning || (k->str() && *k->str() == "model" && v->dict_items());
+    }
+    if (lightning && o_.key) throw Error(ErrorKind::kInvalidArgument, "--key applies to a bare state dict; this is a Lightning checkpoint (it has 'model')");
+    if (!lightning) {
+      flatten(file_->root, {}, "");
+      return;
+    }
+    std::vector<std::pair<ValuePtr, ValuePtr>> meta;
+    for (const auto& [k, v] : *top) {
+      const std::string name = key_text(*k, c_.root.string());
+      if ((name == "model" && v->dict_items()) || is_optimizer_state(*v)) {
+        flatten(v, {pk::make_str(name)}, name);
+      } else if (selected(name)) {
+        meta_keys_.push_back(name);
+        meta.emplace_back(k, v);
+      }
+    }
+    if (!meta.empty()) carried_.push_back({"meta.pt", memory_source(torch_save_bytes(pk::make_dict(std::move(meta)), *file_, "meta"), "meta.pt")});
+  }
+
+  static bool is_optimizer_state(const Value& v) {
+    const auto* items = v.dict_items();
+    if (!items) return false;
+    bool state = false, groups = false;
+    for (const auto& [k, x] : *items) {
+      state = state || (k->str() && *k->str() == "state" && x->dict_items());
+      groups = groups || (k->str() && *k->str() == "param_groups" && x->is<pk::List>());
+    }
+    return state && groups;
+  }
+
+  bool non_terminal(const Value& v) const {
+    const auto* list = v.get_if<pk::List>();
+    if (!list) return false;
+    return std::any_of(list->items.begin(), list->items.end(), [&](const ValuePtr& x) {
+      return tensor_of_.count(x.get()) || x->dict_items() || non_terminal(*x);
+    });
+  }
+
+  void flatten(const ValuePtr& v, std::vector<ValuePtr> path, const std::string& fqn) {
+    if (auto it = tensor_of_.find(v.get()); it != tensor_of_.end()) {
+      owned_.push_back(torch_save_tensor_entry(*file_, *it->second, 0));
+      owned_.back().name = keyed(fqn);
+      return add_tensor(keyed(fqn), keyed(std::move(path)), &owned_.back());
+    }
+    if (const auto* items = v->dict_items()) {
+      for (const auto& [k, x] : *items) {
+        const std::string name = key_text(*k, c_.root.string());
+        std::vector<ValuePtr> p = path;
+        p.push_back(pk::make_str(name));
+        flatten(x, std::move(p), join(fqn, name));
+      }
+      return;  // an empty mapping contributes nothing, as in DCP
+    }
+    if (non_terminal(*v)) {
+      const auto& items = v->get_if<pk::List>()->items;
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        std::vector<ValuePtr> p = path;
+        p.push_back(pk::make_int(static_cast<std::int64_t>(i)));
+        flatten(items[i], std::move(p), join(fqn, std::to_string(i)));
+      }
+      return;
+    }
+    if (path.empty()) throw Error(ErrorKind::kFormat, c_.root.string(), v->offset, "holds a " + v->type_name() + ", not a state dict");
+    add_object(keyed(fqn), keyed(std::move(path)),
+               memory_source(detail::bytes_item(*v, DcpLayout::kCurrent, storages_of(*file_)), keyed(fqn)));
+  }
+
+  // ---- placement ---------------------------------------------------------------------------
+
+  bool replicated(const Entry& e) const {
+    if (e.tensor->shape.empty()) return true;
+    return std::any_of(o_.replicate.begin(), o_.replicate.end(), [&](const std::string& g) { return detail::glob_match(g, e.fqn); });
+  }
+
+  std::vector<Holding> holdings(const Entry& e) const {
+    const int world = o_.world_size;
+    if (!e.tensor) return {Holding{{}, {}, {}, true}};
+    const std::vector<std::int64_t>& shape = e.tensor->shape;
+    if (replicated(e) || shape[0] == 0) return {Holding{std::vector<std::int64_t>(shape.size(), 0), shape, {}, true}};
+    std::vector<Holding> out;
+    auto box = [&](std::int64_t begin, std::int64_t size) {
+      Holding h{std::vector<std::int64_t>(shape.size(), 0), shape, {}, false};
+      h.offsets[0] = begin;
+      h.sizes[0] = size;
+      return h;
+    };
+    if (o_.layout == ShardLayout::kFsdp) {
+      const auto pieces = chunk_pieces(shape[0], world);
+      for (std::size_t r = 0; r < pieces.size(); ++r) {
+        out.push_back(box(pieces[r].first, pieces[r].second));
+        out.back().holders = {static_cast<int>(r)};
+      }
+      return out;
+    }
+    for (int r = 0; r < world; ++r) {
+      const auto [begin, size] = dtensor_piece(shape[0], world, r);
+      // Equal empty shards are one item held by several ranks (deduplicated by DCP).
+      auto same = std::find_if(out.begin(), out.end(), [&, b = begin](const Holding& h) { return h.offsets[0] == b; });
+      if (same != out.end()) {
+        same->holders.push_back(r);
+      } else {
+        out.push_back(box(begin, size));
+        out.back().holders = {r};
+      }
+    }
+    return out;
+  }
+
+  // DCP's deduplication (spec/FORMATS.md §3.7.3): items in order of first appearance (rank 0's
+  // plan, then new items of rank 1, ...); each goes to the holder with the fewest planned bytes,
+  // ties to the lowest rank; the owner's total grows by the item's bytes (1 for a bytes item).
+  void place() {
+    struct Item {
+      int first;            // the lowest holder: where the item first appears
+      std::size_t entry, holding;
+    };
+    held_.resize(entries_.size());
+    std::vector<Item> order;
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      held_[i] = holdings(entries_[i]);
+      for (std::size_t h = 0; h < held_[i].size(); ++h) {
+        const Holding& x = held_[i][h];
+        order.push_back({x.all ? 0 : *std::min_element(x.holders.begin(), x.holders.end()), i, h});
+      }
+    }
+    std::stable_sort(order.begin(), order.end(), [](const Item& a, const Item& b) { return a.first < b.first; });
+    std::vector<std::uint64_t> planned(static_cast<std::size_t>(o_.world_size), 0);
+    std::set<std::pair<std::uint64_t, int>> by_load;
+    for (int r = 0; r < o_.world_size; ++r) by_load.insert({0, r});
+    owner_.assign(entries_.size(), {});
+    for (std::size_t i = 0; i < entries_.size(); ++i) owner_[i].resize(held_[i].size());
+    for (const Item& it : order) {
+      const Holding& h = held_[it.entry][it.holding];
+      int owner = 0;
+      if (h.all) {
+        owner = by_load.begin()->second;
+      } else {
+        owner = h.holders.front();
+        for (int r : h.holders) {
+          if (planned[static_cast<std::size_t>(r)] < planned[static_cast<std::size_t>(owner)] ||
+              (planned[static_cast<std::size_t>(r)] == planned[static_cast<std::size_t>(owner)] && r < owner)) {
+            owner = r;
+          }
+        }
+      }
+      const Entry& e = entries_[it.entry];
+      const std::uint64_t bytes = e.tensor ? box_volume(h.sizes) * element_size(e.out) : 0;
+      const auto o = static_cast<std::size_t>(owner);
+      by_load.erase({planned[o], owner});
+      planned[o] += bytes ? bytes : 1;
+      by_load.insert({planned[o], owner});
+      owner_[it.entry][it.holding] = owner;
+    }
+  }
+
+  // The chunks of entry i in .metadata order: by owning rank (the order of the ranks' plans).
+  std::vector<std::size_t> chunk_order(std::size_t i) const {
+    std::vector<std::size_t> idx(held_[i].size());
+    for (std::size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return owner_[i][a] < owner_[i][b]; });
+    return idx;
+  }
+
+  ShardResult describe() {
+    plan_.world_size = o_.world_size;
+    plan_.files_per_rank = o_.files_per_rank;
+    plan_.compression = o_.compression;
+    plan_.zstd_level = o_.zstd_level;
+    ShardResult r;
+    r.world_size = o_.world_size;
+    r.dropped = dropped_;
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const Entry& e = entries_[i];
+      plan_.planner_data[e.fqn] = e.path;
+      ShardedEntry out{e.fqn, e.tensor ? "tensor" : "object", std::nullopt, {}, 0, {}};
+      if (!e.tensor) {
+        out.chunks.push_back({owner_[i][0], {}, {}});
+        plan_.objects.push_back({e.fqn, i, owner_[i][0], e.item});
+        r.entries.push_back(std::move(out));
+        continue;
+      }
+      out.dtype = e.out;
+      out.shape = e.tensor->shape;
+      out.nbytes = e.tensor->numel() * element_size(e.out);
+      r.tensor_bytes += out.nbytes;
+      detail::DcpPlanTensor t{e.fqn, i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
+      for (std::size_t k : chunk_order(i)) {
+        const Holding& h = held_[i][k];
+        out.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
+        t.chunks.push_back({owner_[i][k], h.offsets, h.sizes,
+                            [this, tensor = e.tensor, box = Box{h.offsets, h.sizes}, dtype = e.out](
+                                std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task) {
+                              detail::add_box_tasks(tasks, reader_, *tensor, box, dtype, base, group, max_task, o_.max_memory);
+                            }});
+      }
+      plan_.tensors.push_back(std::move(t));
+      r.entries.push_back(std::move(out));
+    }
+    for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
+    detail::validate_dcp_plan(plan_);
+    files_ = detail::plan_dcp_files(plan_);
+    for (const detail::DcpFilePlan& f : files_) {
+      r.files.push_back({output_ / f.name, f.size, f.items.size(), mine(f.rank)});
+    }
+    for (const auto& [name, src] : carried_) r.files.push_back({output_ / name, src->size(), 0, o_.process_index == 0});
+    return r;
+  }
+
+  bool mine(int rank) const { return rank % o_.process_count == o_.process_index; }
+
+  // ---- writing -----------------------------------------------------------------------------
+
+  std::string fingerprint() const {
+    std::ostringstream s;
+    s << c_.root.string() << '|' << o_.world_size << '|' << o_.files_per_rank << '|' << static_cast<int>(o_.compression) << '|'
+      << o_.process_count;
+    for (const auto& t : plan_.tensors) {
+      s << '|' << t.fqn << ':' << name(t.dtype);
+      for (const auto& ch : t.chunks) s << ':' << ch.rank << '@' << detail::shape_text(ch.offsets) << detail::shape_text(ch.sizes);
+    }
+    for (const auto& o : plan_.objects) s << '|' << o.fqn << ':' << o.rank << ':' << o.item->size();
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(s.str()));
+    return hex;
+  }
+
+  static std::string done_marker(int p) { return ".shard-done." + std::to_string(p); }
+  static std::string failed_marker(int p) { return ".shard-failed." + std::to_string(p); }
+
+  void write_marker(const std::filesystem::path& dir, const std::string& name, const nlohmann::json& j) const {
+    const std::string text = j.dump();
+    auto sink = open_file_sink(dir / name, Overwrite::kYes);
+    sink->write(text.data(), text.size());
+    sink->commit();
+  }
+
+  static nlohmann::json items_json(const std::vector<detail::DcpItem>& items) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& it : items) {
+      nlohmann::json x{{"fqn", it.fqn}, {"chunk", it.chunk_index}, {"file", it.file}, {"offset", it.offset}, {"length", it.length}};
+      x["offsets"] = it.offsets ? nlohmann::json(*it.offsets) : nlohmann::json(nullptr);
+      a.push_back(std::move(x));
+    }
+    return a;
+  }
+
+  static std::optional<nlohmann::json> read_marker(const std::filesystem::path& p) {
+    std::ifstream in(p);
+    if (!in) return std::nullopt;
+    try {
+      return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception&) {
+      return std::nullopt;  // still being written by a process that is not atomic (never ours)
+    }
+  }
+
+  // Process 0: every other process's items, once each has finished; throws when one failed or
+  // did not finish in time.
+  std::vector<detail::DcpItem> wait_for_others(const std::filesystem::path& dir, const std::string& fp) const {
+    std::vector<detail::DcpItem> items;
+    const auto deadline = std::chrono::steady_clock::now() + o_.timeout;
+    for (int p = 1; p < o_.process_count; ++p) {
+      for (;;) {
+        if (auto f = read_marker(dir / failed_marker(p)); f && f->value("plan", "") == fp) {
+          throw Error(ErrorKind::kIo, dir.string(), std::nullopt,
+                      "process " + std::to_string(p) + " of " + std::to_string(o_.process_count) + " failed (" + f->value("error", "") +
+                          "); no .metadata was written");
+        }
+        if (auto d = read_marker(dir / done_marker(p)); d && d->value("plan", "") == fp) {
+          for (const auto& x : (*d)["items"]) {
+            detail::DcpItem it{x["fqn"], std::nullopt, x["chunk"], x["file"], x["offset"], x["length"]};
+            if (!x["offsets"].is_null()) it.offsets = x["offsets"].get<std::vector<std::int64_t>>();
+            items.push_back(std::move(it));
+          }
+          break;
+        }
+        if (cancel_requested()) throw Error(ErrorKind::kCancelled, dir.string(), std::nullopt, "interrupted; no .metadata was written");
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw Error(ErrorKind::kIo, dir.string(), std::nullopt,
+                      "process " + std::to_string(p) + " of " + std::to_string(o_.process_count) + " did not finish within " +
+                          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.timeout).count()) +
+                          " s (no completion marker); no .metadata was written");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    return items;
+  }
+
+  void write(ShardResult& result) {
+    const bool distributed = o_.process_count > 1;
+    std::filesystem::path dir = output_;
+    dir += ".partial";
+    if (distributed) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) throw Error(ErrorKind::kIo, dir.string(), std::nullopt, "cannot create the output directory: " + ec.message());
+      std::filesystem::remove(dir / done_marker(o_.process_index), ec);
+      std::filesystem::remove(dir / failed_marker(o_.process_index), ec);
+    } else {
+      dir = detail::fresh_dir(output_, ".partial");
+    }
+    const std::string fp = fingerprint();
+    std::vector<detail::DcpFilePlan> mine_files;
+    for (const auto& f : files_) {
+      if (mine(f.rank)) mine_files.push_back(f);
+    }
+    std::vector<detail::DcpItem> items;
+    try {
+      items = detail::write_dcp_files(dir, plan_, mine_files, {o_.threads, o_.progress, o_.task_delay_ms});
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      if (distributed) {
+        write_marker(dir, failed_marker(o_.process_index), {{"plan", fp}, {"error", e.what()}});
+      } else {
+        std::filesystem::remove_all(dir, ec);
+      }
+      throw;
+    }
+    // Sizes as written (compressed files differ from the plan).
+    for (ShardedFile& f : result.files) {
+      std::error_code ec;
+      if (f.written_here && f.path.parent_path() == output_ && f.path.extension() == ".distcp") {
+        f.size = std::filesystem::file_size(dir / f.path.filename(), ec);
+      }
+    }
+    if (o_.process_index != 0) {
+      write_marker(dir, done_marker(o_.process_index), {{"plan", fp}, {"items", items_json(items)}});
+      return;
+    }
+    try {
+      std::vector<detail::DcpItem> others = wait_for_others(dir, fp);
+      items.insert(items.end(), std::make_move_iterator(others.begin()), std::make_move_iterator(others.end()));
+      for (const auto& [name, src] : carried_) {
+        auto sink = open_file_sink(dir / name, Overwrite::kYes);
+        stream_range(*src, 0, src->size(), [&](std::span<const std::byte> b) { sink->write(b); });
+        sink->commit();
+      }
+      // Only the planned files stay: markers and leftovers of an earlier run go.
+      std::set<std::string> keep{".metadata"};
+      for (const auto& f : files_) keep.insert(f.name);
+      for (const auto& [name, src] : carried_) keep.insert(name);
+      for (const auto& d : std::filesystem::directory_iterator(dir)) {
+        if (!keep.count(d.path().filename().string())) std::filesystem::remove_all(d.path());
+      }
+      detail::write_dcp_metadata(dir, plan_, items);
+      detail::move_dir_into_place(dir, output_);
+    } catch (...) {
+      std::error_code ec;
+      if (!distributed) std::filesystem::remove_all(dir, ec);
+      throw;
+    }
+    std::error_code ec;
+    for (ShardedFile& f : result.files) {
+      if (!f.written_here) f.size = std::filesystem::file_size(f.path, ec);
+    }
+    result.files.push_back({output_ / ".metadata", std::filesystem::file_size(output_ / ".metadata", ec), items.size(), true});
+    result.committed = true;
+  }
+
+  const Checkpoint& c_;
+  std::filesystem::path output_;
+  const ShardOptions& o_;
+  ChunkReader reader_;
+  std::unique_ptr<TorchSaveFile> file_;                // torch.save input
+  std::map<const Value*, const TorchTensor*> tensor_of_;
+  std::deque<TensorEntry> owned_;                      // torch.save input's entries (stable addresses)
+  std::vector<Entry> entries_;
+  std::vector<std::vector<Holding>> held_;
+  std::vector<std::vector<int>> owner_;
+  std::vector<std::pair<std::string, SourcePtr>> carried_;  // meta.pt, common.pt, metadata.json
+  std::vector<std::string> meta_keys_;
+  std::size_t dropped_ = 0;
+  detail::DcpPlan plan_;
+  std::vector<detail::DcpFilePlan> files_;
+};
+
+}  // namespace
+
+ShardResult shard(const Checkpoint& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run) {
+  Sharder s(input, output, options);
+  return s.run(dry_run);
+}
+
+}  // namespace ckpt

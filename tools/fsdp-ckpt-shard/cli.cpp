@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp-ckpt-shard/cli.hpp"
+
+#include <charconv>
+
+#include "common/cli_common.hpp"
+
+namespace fsdp_tools {
+
+std::unique_ptr<CLI::App> make_shard_app(ShardCliOptions& o) {
+  auto app = std::make_unique<CLI::App>();
+  app->name("fsdp-ckpt-shard");
+  setup_app(*app, "fsdp-ckpt-shard",
+            "Shard a checkpoint (a torch.save or safetensors file, or a DCP/Lightning directory of any world size) into a "
+            "DCP directory for N ranks, laid out as FSDP writes it, streaming, in bounded memory.");
+  app->add_option("input", o.input, "checkpoint to shard (any format fsdp-ckpt-inspect reads)")->required()->check(CLI::ExistingPath);
+  app->add_option("-o,--output", o.output, "output DCP directory")->required();
+  app->add_option("-n,--world-size", o.world_size, "number of ranks to shard for")->required()->check(CLI::Range(1, 1 << 20));
+  app->add_option("--layout", o.layout, "fsdp: dim-0 torch.chunk pieces (FSDP1 sharded state dict); dtensor: DTensor Shard(0), every rank")
+      ->check(CLI::IsMember({"fsdp", "dtensor"}));
+  app->add_option("--replicate", o.replicate, "keep tensors whose FQN matches GLOB whole, written once (repeatable)")->allow_extra_args(false);
+  app->add_option("--files-per-rank", o.files_per_rank, "data files per rank, as DCP's thread_count writes them")->check(CLI::Range(1, 1024));
+  app->add_option("--compress", o.compress, "write items with the stream.zstd/1 transform: zstd or zstd:LEVEL (1-19)");
+  app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
+      ->check(CLI::IsMember(float_dtype_names()));
+  app->add_option("--include", o.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
+  app->add_option("--exclude", o.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
+  app->add_option("--key", o.key, "input that is not DCP: put every entry under this top-level key (e.g. model)");
+  app->add_option("--max-memory", o.max_memory, "the most memory one copy may need (a gathered row, a compressed item)");
+  app->add_option("--timeout", o.timeout, "distributed: seconds process 0 waits for the others")->check(CLI::PositiveNumber);
+  app->add_flag("--dry-run", o.dry_run, "print the plan (entries, chunks, output files) and write nothing");
+  app->add_flag("-f,--force", o.force, "replace OUTPUT when it exists");
+  app->add_option("-j,--threads", o.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
+  app->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+  app->add_flag("--json", o.json, "print the result (or the plan) as one JSON object");
+  return app;
+}
+
+namespace {
+
+int env_int(const std::map<std::string, std::string>& env, const std::string& name) {
+  const std::string& v = env.at(name);
+  int out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size()) throw CLI::ValidationError(name, "'" + v + "' is not an integer");
+  return out;
+}
+
+}  // namespace
+
+ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFilter> filters, const std::map<std::string, std::string>& env) {
+  ckpt::ShardOptions s;
+  s.world_size = o.world_size;
+  s.layout = o.layout == "dtensor" ? ckpt::ShardLayout::kDtensor : ckpt::ShardLayout::kFsdp;
+  s.replicate = o.replicate;
+  s.files_per_rank = o.files_per_rank;
+  if (!o.compress.empty()) {
+    if (o.compress.rfind("zstd", 0) != 0 || (o.compress.size() > 4 && o.compress[4] != ':')) {
+      throw CLI::ValidationError("--compress", "'" + o.compress + "' is not zstd or zstd:LEVEL");
+    }
+    s.compression = ckpt::DcpCompression::kZstd;
+    if (o.compress.size() > 5) {
+      const std::string level = o.compress.substr(5);
+      auto [p, ec] = std::from_chars(level.data(), level.data() + level.size(), s.zstd_level);
+      if (ec != std::errc() || p != level.data() + level.size() || s.zstd_level < 1 || s.zstd_level > 19) {
+        throw CLI::ValidationError("--compress", "zstd level '" + level + "' is not in 1-19");
+      }
+    }
+  }
+  if (!o.dtype.empty()) s.dtype = parse_float_dtype(o.dtype);
+  s.filters = std::move(filters);
+  if (!o.key.empty()) s.key = o.key;
+  s.max_memory = parse_byte_size(o.max_memory);
+  if (s.max_memory == 0) throw CLI::ValidationError("--max-memory", "must be more than 0 bytes");
+  s.overwrite = o.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
+  s.threads = o.threads;
+  s.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
+  // torchrun (and a hand-made launch) set RANK and WORLD_SIZE; srun sets SLURM_PROCID/SLURM_NTASKS.
+  for (const auto& [rank, size] : {std::pair{"RANK", "WORLD_SIZE"}, std::pair{"SLURM_PROCID", "SLURM_NTASKS"}}) {
+    if (env.count(rank) && env.count(size)) {
+      s.process_index = env_int(env, rank);
+      s.process_count = env_int(env, size);
+      if (s.process_count < 1 || s.process_index < 0 || s.process_index >= s.process_count) {
+        throw CLI::ValidationError(rank, std::string(rank) + "=" + env.at(rank) + " is not a rank of " + size + "=" + env.at(size));
+      }
+      break;
+    }
+  }
+  return s;
+}
+
+}  // namespace fsdp_tools
