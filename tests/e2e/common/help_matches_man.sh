@@ -1,6 +1,6 @@
 # Every --long-option in --help (and in each subcommand's --help) appears in the man page, and
 # the page is clean for groff.
-for tool in fsdp-ckpt-inspect fsdp-ckpt-merge; do
+for tool in fsdp-ckpt-inspect fsdp-ckpt-merge fsdp-ckpt-shard; do
   var=FSDP_$(echo "${tool#fsdp-}" | tr 'a-z-' 'A-Z_')
   page="$FSDP_MAN_DIR/$tool.1"
   [[ -f $page ]] || { echo "no man page $page"; exit 1; }
