@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <exception>
 #include <mutex>
 #include <thread>
 
 #include "ckpt/error.hpp"
+#include "parallel.hpp"
 #include "zip/crc32.hpp"
 
 namespace ckpt {
@@ -64,42 +64,25 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, std:
   Progress& progress = options.progress ? *options.progress : no_progress();
   progress.start("copying", total);
 
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex, progress_mutex;
-  auto worker = [&] {
+  std::mutex progress_mutex;
+  struct Buffers {
     std::vector<std::byte> buffer, scratch;
-    try {
-      for (std::size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < tasks.size();) {
-        if (options.task_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(options.task_delay_ms));
-        CopyTask& t = tasks[i];
-        PositionalSink& sink = *sinks[t.sink];
-        if (cancel_requested()) throw Error(ErrorKind::kCancelled, sink.name(), std::nullopt, "interrupted; nothing was written");
-        if (buffer.size() < t.length) buffer.resize(static_cast<std::size_t>(t.length));
-        const std::span<std::byte> out(buffer.data(), static_cast<std::size_t>(t.length));
-        t.fill(out, scratch);
-        const std::uint32_t crc = detail::crc32_update(0, out);
-        sink.write_at(t.offset, out);
-        done[i] = {t.offset, t.length, crc};
-        t.fill = nullptr;  // release what the closure holds (sources, item parses)
-        std::lock_guard lock(progress_mutex);
-        progress.advance(t.length);
-      }
-    } catch (...) {
-      failed = true;
-      std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
   };
-  const unsigned n = std::min<unsigned>(copy_threads(options.threads), static_cast<unsigned>(std::max<std::size_t>(tasks.size(), 1)));
-  if (n <= 1) {
-    worker();
-  } else {
-    std::vector<std::jthread> pool;
-    for (unsigned i = 0; i < n; ++i) pool.emplace_back(worker);
-  }
-  if (error) std::rethrow_exception(error);
+  detail::parallel_for<Buffers>(tasks.size(), options.threads, [&](std::size_t i, Buffers& b) {
+    if (options.task_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(options.task_delay_ms));
+    CopyTask& t = tasks[i];
+    PositionalSink& sink = *sinks[t.sink];
+    if (cancel_requested()) throw Error(ErrorKind::kCancelled, sink.name(), std::nullopt, "interrupted; nothing was written");
+    if (b.buffer.size() < t.length) b.buffer.resize(static_cast<std::size_t>(t.length));
+    const std::span<std::byte> out(b.buffer.data(), static_cast<std::size_t>(t.length));
+    t.fill(out, b.scratch);
+    const std::uint32_t crc = detail::crc32_update(0, out);
+    sink.write_at(t.offset, out);
+    done[i] = {t.offset, t.length, crc};
+    t.fill = nullptr;  // release what the closure holds (sources, item parses)
+    std::lock_guard lock(progress_mutex);
+    progress.advance(t.length);
+  });
   progress.finish();
 
   // Combine each group's pieces in offset order; they must tile the group without gaps.

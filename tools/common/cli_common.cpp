@@ -2,6 +2,7 @@
 #include "common/cli_common.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "fsdp_version.hpp"
@@ -55,6 +56,31 @@ std::uint64_t parse_byte_size(std::string_view text) {
   const double bytes = number * mult;
   if (!std::isfinite(bytes) || bytes >= 1.8e19) throw CLI::ValidationError("size", "'" + std::string(text) + "' is too large");
   return static_cast<std::uint64_t>(std::llround(bytes));
+}
+
+void add_write_flags(CLI::App& app, WriteFlags& f, const std::string& plan) {
+  app.add_option("--include", f.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
+  app.add_option("--exclude", f.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
+  app.add_flag("--dry-run", f.dry_run, "print the plan (" + plan + ") and write nothing");
+  app.add_flag("-f,--force", f.force, "replace OUTPUT when it exists");
+  app.add_option("-j,--threads", f.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
+  app.add_flag("-q,--quiet", f.quiet, "draw no progress bar");
+  app.add_flag("--json", f.json, "print the result (or the plan) as one JSON object");
+}
+
+std::optional<int> usage_errors(std::string_view program, const std::function<void()>& translate) {
+  try {
+    translate();
+  } catch (const CLI::Error& e) {
+    std::cerr << program << ": error: " << e.what() << "\nRun with --help for more information.\n";
+    return 2;
+  }
+  return std::nullopt;
+}
+
+unsigned test_copy_delay_ms() {
+  const char* delay = std::getenv("FSDP_TEST_COPY_DELAY_MS");
+  return delay ? static_cast<unsigned>(std::atoi(delay)) : 0;
 }
 
 std::vector<std::string> float_dtype_names() {

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +33,26 @@ std::uint64_t parse_byte_size(std::string_view text);
 std::vector<std::string> float_dtype_names();
 /// One of float_dtype_names() -> the dtype.
 ckpt::DType parse_float_dtype(std::string_view name);
+
+/// The options every tool that writes a checkpoint shares.
+struct WriteFlags {
+  std::vector<std::string> include, exclude;  ///< parsed by CLI11; their order comes from filters_in_order()
+  bool dry_run = false;
+  bool force = false;
+  unsigned threads = 0;
+  bool quiet = false;
+  bool json = false;
+};
+/// Adds --include, --exclude, --dry-run (`plan` says what it prints), -f/--force, -j/--threads,
+/// -q/--quiet and --json.
+void add_write_flags(CLI::App& app, WriteFlags& flags, const std::string& plan);
+
+/// Runs `translate` (options -> library options); a CLI::Error it throws is a usage error: printed
+/// as parse() prints one, and 2 is returned.
+std::optional<int> usage_errors(std::string_view program, const std::function<void()>& translate);
+
+/// FSDP_TEST_COPY_DELAY_MS (tests only: slow each copy down so that a test can interrupt it).
+unsigned test_copy_delay_ms();
 
 /// --include and --exclude in the order argv gives them (CLI11 keeps each option's values apart).
 std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv);

@@ -23,17 +23,9 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
   app->add_option("--key", o.key, "safetensors: write the tensors under this top-level key (default: model, when there is one)");
   app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
       ->check(CLI::IsMember(float_dtype_names()));
-  app->add_option("--include", o.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")
-      ->allow_extra_args(false);
-  app->add_option("--exclude", o.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")
-      ->allow_extra_args(false);
   app->add_flag("--model-only", o.model_only, "keep only the top-level key 'model'");
   app->add_option("--max-shard-size", o.max_shard_size, "safetensors: write Hugging Face shards of at most SIZE (5GB, 500MiB) into the OUTPUT directory");
-  app->add_flag("--dry-run", o.dry_run, "print the plan (entries, bytes, output files) and write nothing");
-  app->add_flag("-f,--force", o.force, "replace OUTPUT when it exists");
-  app->add_option("-j,--threads", o.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
-  app->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
-  app->add_flag("--json", o.json, "print the result (or the plan) as one JSON object");
+  add_write_flags(*app, o.flags, "entries, bytes, output files");
   return app;
 }
 
@@ -62,8 +54,8 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
     m.max_shard_size = parse_byte_size(o.max_shard_size);
     if (*m.max_shard_size == 0) throw CLI::ValidationError("--max-shard-size", "must be more than 0 bytes");
   }
-  m.overwrite = o.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
-  m.threads = o.threads;
+  m.overwrite = o.flags.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
+  m.threads = o.flags.threads;
   return m;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/ops/merge.hpp"
+#include "common/cli_common.hpp"
 
 namespace fsdp_tools {
 
@@ -19,14 +20,9 @@ struct MergeCliOptions {
   std::string layout = "nested";
   std::string key;
   std::string dtype;
-  std::vector<std::string> include, exclude;  ///< parsed by CLI11; their order comes from filters_in_order()
   bool model_only = false;
   std::string max_shard_size;
-  bool dry_run = false;
-  bool force = false;
-  unsigned threads = 0;
-  bool quiet = false;
-  bool json = false;
+  WriteFlags flags;
 };
 
 std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& options);

@@ -71,21 +71,19 @@ int main(int argc, char** argv) {
   auto app = fsdp_tools::make_merge_app(options);
   if (auto code = fsdp_tools::parse(*app, argc, argv)) return *code;
   ckpt::MergeOptions merge;
-  try {
-    merge = fsdp_tools::to_merge(options, fsdp_tools::filters_in_order(argc, argv));
-  } catch (const CLI::Error& e) {
-    std::cerr << "fsdp-ckpt-merge: error: " << e.what() << "\nRun with --help for more information.\n";
-    return 2;
+  if (auto code = fsdp_tools::usage_errors("fsdp-ckpt-merge", [&] { merge = fsdp_tools::to_merge(options, fsdp_tools::filters_in_order(argc, argv)); })) {
+    return *code;
   }
-  if (const char* delay = std::getenv("FSDP_TEST_COPY_DELAY_MS")) merge.task_delay_ms = static_cast<unsigned>(std::atoi(delay));
+  merge.task_delay_ms = fsdp_tools::test_copy_delay_ms();
+  const fsdp_tools::WriteFlags& flags = options.flags;
   fsdp_tools::cancel_on_signals();
   return fsdp_tools::run_tool("fsdp-ckpt-merge", [&] {
-    fsdp_tools::ProgressBar progress(options.quiet || options.dry_run);
+    fsdp_tools::ProgressBar progress(flags.quiet || flags.dry_run);
     merge.progress = &progress;
     const ckpt::Checkpoint input = ckpt::open_checkpoint(options.input);
-    const ckpt::MergeResult result = ckpt::merge(input, options.output, merge, options.dry_run);
-    if (options.json) print_json(result, options.dry_run);
-    else print_text(result, options.dry_run);
+    const ckpt::MergeResult result = ckpt::merge(input, options.output, merge, flags.dry_run);
+    if (flags.json) print_json(result, flags.dry_run);
+    else print_text(result, flags.dry_run);
     return 0;
   });
 }

@@ -23,16 +23,10 @@ std::unique_ptr<CLI::App> make_shard_app(ShardCliOptions& o) {
   app->add_option("--compress", o.compress, "write items with the stream.zstd/1 transform: zstd or zstd:LEVEL (1-19)");
   app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
       ->check(CLI::IsMember(float_dtype_names()));
-  app->add_option("--include", o.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
-  app->add_option("--exclude", o.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
   app->add_option("--key", o.key, "input that is not DCP: put every entry under this top-level key (e.g. model)");
   app->add_option("--max-memory", o.max_memory, "the most memory one copy may need (a gathered row, a compressed item)");
   app->add_option("--timeout", o.timeout, "distributed: seconds process 0 waits for the others")->check(CLI::PositiveNumber);
-  app->add_flag("--dry-run", o.dry_run, "print the plan (entries, chunks, output files) and write nothing");
-  app->add_flag("-f,--force", o.force, "replace OUTPUT when it exists");
-  app->add_option("-j,--threads", o.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
-  app->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
-  app->add_flag("--json", o.json, "print the result (or the plan) as one JSON object");
+  add_write_flags(*app, o.flags, "entries, chunks, output files");
   return app;
 }
 
@@ -72,8 +66,8 @@ ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFil
   if (!o.key.empty()) s.key = o.key;
   s.max_memory = parse_byte_size(o.max_memory);
   if (s.max_memory == 0) throw CLI::ValidationError("--max-memory", "must be more than 0 bytes");
-  s.overwrite = o.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
-  s.threads = o.threads;
+  s.overwrite = o.flags.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
+  s.threads = o.flags.threads;
   s.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
   // torchrun (and a hand-made launch) set RANK and WORLD_SIZE; srun sets SLURM_PROCID/SLURM_NTASKS.
   for (const auto& [rank, size] : {std::pair{"RANK", "WORLD_SIZE"}, std::pair{"SLURM_PROCID", "SLURM_NTASKS"}}) {

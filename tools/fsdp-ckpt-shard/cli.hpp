@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt/ops/shard.hpp"
+#include "common/cli_common.hpp"
 
 namespace fsdp_tools {
 
@@ -22,15 +23,10 @@ struct ShardCliOptions {
   int files_per_rank = 1;
   std::string compress;  ///< "", "zstd" or "zstd:LEVEL"
   std::string dtype;
-  std::vector<std::string> include, exclude;  ///< parsed by CLI11; their order comes from filters_in_order()
   std::string key;
   std::string max_memory = "1GiB";
   double timeout = 1800;
-  bool dry_run = false;
-  bool force = false;
-  unsigned threads = 0;
-  bool quiet = false;
-  bool json = false;
+  WriteFlags flags;
 };
 
 std::unique_ptr<CLI::App> make_shard_app(ShardCliOptions& options);

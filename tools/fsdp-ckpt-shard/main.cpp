@@ -105,25 +105,23 @@ int main(int argc, char** argv) {
   auto app = fsdp_tools::make_shard_app(options);
   if (auto code = fsdp_tools::parse(*app, argc, argv)) return *code;
   ckpt::ShardOptions shard;
-  try {
-    std::map<std::string, std::string> env;
-    for (const char* name : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
-      if (const char* v = std::getenv(name)) env[name] = v;
-    }
-    shard = fsdp_tools::to_shard(options, fsdp_tools::filters_in_order(argc, argv), env);
-  } catch (const CLI::Error& e) {
-    std::cerr << "fsdp-ckpt-shard: error: " << e.what() << "\nRun with --help for more information.\n";
-    return 2;
+  std::map<std::string, std::string> env;
+  for (const char* name : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) {
+    if (const char* v = std::getenv(name)) env[name] = v;
   }
-  if (const char* delay = std::getenv("FSDP_TEST_COPY_DELAY_MS")) shard.task_delay_ms = static_cast<unsigned>(std::atoi(delay));
+  if (auto code = fsdp_tools::usage_errors("fsdp-ckpt-shard", [&] { shard = fsdp_tools::to_shard(options, fsdp_tools::filters_in_order(argc, argv), env); })) {
+    return *code;
+  }
+  shard.task_delay_ms = fsdp_tools::test_copy_delay_ms();
+  const fsdp_tools::WriteFlags& flags = options.flags;
   fsdp_tools::cancel_on_signals();
   return fsdp_tools::run_tool("fsdp-ckpt-shard", [&] {
-    fsdp_tools::ProgressBar progress(options.quiet || options.dry_run);
+    fsdp_tools::ProgressBar progress(flags.quiet || flags.dry_run);
     shard.progress = &progress;
     const ckpt::Checkpoint input = ckpt::open_checkpoint(options.input);
-    const ckpt::ShardResult result = ckpt::shard(input, options.output, shard, options.dry_run);
-    if (options.json) print_json(result, options.dry_run);
-    else print_text(result, options.dry_run, shard);
+    const ckpt::ShardResult result = ckpt::shard(input, options.output, shard, flags.dry_run);
+    if (flags.json) print_json(result, flags.dry_run);
+    else print_text(result, flags.dry_run, shard);
     return 0;
   });
 }

@@ -4,10 +4,9 @@
 #include <zstd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <exception>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -18,6 +17,7 @@
 #include "ckpt/torch_save.hpp"
 #include "formats/archive_plan.hpp"
 #include "formats/dcp_write.hpp"
+#include "parallel.hpp"
 
 namespace ckpt {
 namespace detail {
@@ -222,48 +222,29 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
   progress.start("compressing", total);
   const std::uint64_t max_task = task_bytes(copy.threads);
   std::vector<std::vector<DcpItem>> per_file(files.size());
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex, progress_mutex;
+  std::mutex progress_mutex;
   // Files are independent: each worker streams whole files, item after item, one frame each.
-  auto worker = [&] {
-    ItemArchives archives(plan.layout);
-    try {
-      for (std::size_t i; !failed.load() && (i = next.fetch_add(1)) < files.size();) {
-        const DcpFilePlan& f = files[i];
-        auto sink = open_file_sink(dir / f.name, Overwrite::kYes);
-        for (const DcpFilePlan::Ref& r : f.items) {
-          const std::uint64_t at = sink->offset();
-          ZstdSink z(*sink, plan.zstd_level);
-          if (!r.tensor) {
-            const DcpPlanObject& o = plan.objects[r.index];
-            stream_range(*o.item, 0, o.item->size(), [&](std::span<const std::byte> b) { z.write(b); });
-          } else {
-            const DcpPlanTensor& t = plan.tensors[r.index];
-            archives.of(t.dtype, t.chunks[r.chunk].sizes).stream(z, [&](std::size_t, const auto& write) {
-              stream_chunk(t.chunks[r.chunk], max_task, copy, progress, progress_mutex, write);
-            });
-          }
-          z.commit();
-          per_file[i].push_back(item_of(plan, r, f.name, at, sink->offset() - at));
-        }
-        sink->commit();
+  detail::parallel_for<std::optional<ItemArchives>>(files.size(), copy.threads, [&](std::size_t i, std::optional<ItemArchives>& archives) {
+    if (!archives) archives.emplace(plan.layout);
+    const DcpFilePlan& f = files[i];
+    auto sink = open_file_sink(dir / f.name, Overwrite::kYes);
+    for (const DcpFilePlan::Ref& r : f.items) {
+      const std::uint64_t at = sink->offset();
+      ZstdSink z(*sink, plan.zstd_level);
+      if (!r.tensor) {
+        const DcpPlanObject& o = plan.objects[r.index];
+        stream_range(*o.item, 0, o.item->size(), [&](std::span<const std::byte> b) { z.write(b); });
+      } else {
+        const DcpPlanTensor& t = plan.tensors[r.index];
+        archives->of(t.dtype, t.chunks[r.chunk].sizes).stream(z, [&](std::size_t, const auto& write) {
+          stream_chunk(t.chunks[r.chunk], max_task, copy, progress, progress_mutex, write);
+        });
       }
-    } catch (...) {
-      failed = true;
-      std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
+      z.commit();
+      per_file[i].push_back(item_of(plan, r, f.name, at, sink->offset() - at));
     }
-  };
-  const unsigned n = std::min<unsigned>(copy_threads(copy.threads), static_cast<unsigned>(std::max<std::size_t>(files.size(), 1)));
-  if (n <= 1) {
-    worker();
-  } else {
-    std::vector<std::jthread> pool;
-    for (unsigned i = 0; i < n; ++i) pool.emplace_back(worker);
-  }
-  if (error) std::rethrow_exception(error);
+    sink->commit();
+  });
   progress.finish();
   std::vector<DcpItem> items;
   for (auto& v : per_file) items.insert(items.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));

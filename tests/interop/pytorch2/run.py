@@ -11,7 +11,9 @@ model and optimizer state; with the ZStandard extension when it imports), runs o
 and verify on them and compares every value with ours, and loads our write_dcp output with
 dcp.load, and our torch.save output with torch.load(weights_only=True); with --merge, our merge of
 each dcp.save checkpoint must equal PyTorch's own dcp_to_torch_save of it, loaded with
-torch.load(weights_only=True)."""
+torch.load(weights_only=True); with --shard, our reshard of each dcp.save checkpoint to 3 ranks
+must load with dcp.load, into full tensors in one process and into DTensor Shard(0) shards of 3
+Gloo ranks, with the values dcp.save was given."""
 import argparse
 import json
 import os
@@ -32,6 +34,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--probe", required=True)
 p.add_argument("--inspect", required=True)
 p.add_argument("--merge", help="fsdp-ckpt-merge: also compare its output with PyTorch's dcp_to_torch_save")
+p.add_argument("--shard", help="fsdp-ckpt-shard: also load its output with dcp.load, whole and into DTensors of 3 ranks")
 a = p.parse_args()
 work = tempfile.mkdtemp(prefix="fsdp-pt2-")
 print(f"torch {torch.__version__}")
@@ -143,6 +146,35 @@ def test_merge_equals_dcp_to_torch_save(name):
     return run
 
 
+def _shard_worker(rank, world, port, d, layout):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    want = state()["model"]
+    sd = {"model": {k: distribute_tensor(torch.zeros_like(v), mesh, [Shard(0)]) for k, v in want.items()}}
+    dcp.load(sd, checkpoint_id=d)
+    for k, v in want.items():
+        full = sd["model"][k].full_tensor()
+        assert torch.equal(full, v), f"rank {rank}: {k} differs after dcp.load into Shard(0) ({layout})"
+    dist.destroy_process_group()
+
+
+def test_dcp_load_of_shard(name, layout):
+    def run():
+        src, out = os.path.join(work, name), os.path.join(work, f"{name}_shard3_{layout}")
+        r = subprocess.run([a.shard, "-q", src, "-o", out, "-n", "3", "--layout", layout], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        want = state()
+        sd = {"model": {k: torch.zeros_like(v) for k, v in want["model"].items()}, "epoch": 0, "tag": ""}
+        dcp.load(sd, checkpoint_id=out)
+        for k, v in want["model"].items():
+            assert torch.equal(sd["model"][k], v), f"{k} differs after dcp.load of our reshard"
+        assert sd["epoch"] == 3 and sd["tag"] == "pt2", (sd["epoch"], sd["tag"])
+        mp.spawn(_shard_worker, args=(3, 29631 + (layout == "dtensor"), out, layout), nprocs=3, join=True)
+    return run
+
+
 check("dcp.save (world 1) read by us, verify --deep clean", test_save_world1)
 check("dcp.save (world 2, Gloo) read by us", test_save_world2(False))
 try:
@@ -161,4 +193,9 @@ if a.merge:
     for name in ("w1", "w2", "w2z"):
         if os.path.isdir(os.path.join(work, name)):
             check(f"fsdp-ckpt-merge of dcp.save ({name}) == dcp_to_torch_save", test_merge_equals_dcp_to_torch_save(name))
+if a.shard:
+    for name in ("w1", "w2", "w2z"):
+        if os.path.isdir(os.path.join(work, name)):
+            for layout in ("fsdp", "dtensor"):
+                check(f"dcp.load of fsdp-ckpt-shard ({name} -> 3 ranks, {layout})", test_dcp_load_of_shard(name, layout))
 finish()

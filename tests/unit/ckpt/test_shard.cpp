@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "ckpt/dcp.hpp"
+#include "ckpt/ops/shard.hpp"
+#include "formats/dcp_write.hpp"
+#include "support/error_matchers.hpp"
+#include "support/test_support.hpp"
+
+using namespace fsdp_test;
+using ckpt::ErrorKind;
+using Pieces = std::vector<std::pair<std::int64_t, std::int64_t>>;
+
+TEST_CASE("torch.chunk's rule (spec/FORMATS.md §5.1 table, verified on torch 1.13)", "[ckpt][shard]") {
+  CHECK(ckpt::chunk_pieces(10, 4) == Pieces{{0, 3}, {3, 3}, {6, 3}, {9, 1}});
+  CHECK(ckpt::chunk_pieces(6, 4) == Pieces{{0, 2}, {2, 2}, {4, 2}});  // only 3 pieces
+  CHECK(ckpt::chunk_pieces(5, 8) == Pieces{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}});
+  CHECK(ckpt::chunk_pieces(8, 4) == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
+  CHECK(ckpt::chunk_pieces(7, 3) == Pieces{{0, 3}, {3, 3}, {6, 1}});
+  CHECK(ckpt::chunk_pieces(1, 4) == Pieces{{0, 1}});
+  CHECK(ckpt::chunk_pieces(0, 4) == Pieces{{0, 0}, {0, 0}, {0, 0}, {0, 0}});
+}
+
+TEST_CASE("DTensor Shard(0) pieces (§5.3): every rank, empty at the end", "[ckpt][shard]") {
+  Pieces six_on_four, two_on_four, eight_on_four;
+  for (int r = 0; r < 4; ++r) {
+    six_on_four.push_back(ckpt::dtensor_piece(6, 4, r));
+    two_on_four.push_back(ckpt::dtensor_piece(2, 4, r));
+    eight_on_four.push_back(ckpt::dtensor_piece(8, 4, r));
+  }
+  CHECK(six_on_four == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 0}});
+  CHECK(two_on_four == Pieces{{0, 1}, {1, 1}, {2, 0}, {2, 0}});
+  CHECK(eight_on_four == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
+}
+
+TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[ckpt][shard]") {
+  ckpt::detail::DcpPlan plan;
+  plan.world_size = 2;
+  plan.files_per_rank = 2;
+  auto chunk = [](int rank, std::int64_t at, std::int64_t n) {
+    return ckpt::detail::DcpPlanChunk{rank, {at}, {n}, nullptr};
+  };
+  plan.tensors.push_back({"a", 0, ckpt::DType::kFloat32, {10}, false, {chunk(0, 0, 2), chunk(1, 2, 8)}});
+  plan.tensors.push_back({"b", 1, ckpt::DType::kFloat32, {6}, false, {chunk(0, 0, 6)}});
+  plan.tensors.push_back({"c", 2, ckpt::DType::kFloat32, {3}, false, {chunk(0, 0, 3)}});
+  for (int i = 0; i < 3; ++i) plan.objects.push_back({"o" + std::to_string(i), 3u + static_cast<std::size_t>(i), 0, ckpt::memory_source({})});
+  const auto files = ckpt::detail::plan_dcp_files(plan);
+  REQUIRE(files.size() == 4);
+  CHECK(files[0].name == "__0_0.distcp");
+  CHECK(files[3].name == "__1_1.distcp");
+  auto names = [&](const ckpt::detail::DcpFilePlan& f) {
+    std::vector<std::string> out;
+    for (const auto& r : f.items) out.push_back(r.tensor ? plan.tensors[r.index].fqn : plan.objects[r.index].fqn);
+    return out;
+  };
+  // bytes items round-robin; tensors largest first into the lighter file: b (24 B) to file 0,
+  // c (12 B) to file 1, a's 8 bytes to file 1 (12 < 24)
+  CHECK(names(files[0]) == std::vector<std::string>{"o0", "o2", "b"});
+  CHECK(names(files[1]) == std::vector<std::string>{"o1", "c", "a"});
+  CHECK(names(files[2]) == std::vector<std::string>{"a"});
+  CHECK(files[3].items.empty());  // empty files are still written, as DCP does
+  CHECK(files[3].size == 0);
+}
+
+TEST_CASE("shard refuses bad options before writing anything", "[ckpt][shard]") {
+  TestDir dir;
+  const ckpt::Checkpoint in = ckpt::open_checkpoint(testdata("dcp/torch113_2rank"));
+  ckpt::ShardOptions o;
+  o.world_size = 0;
+  REQUIRE_THROWS_MATCHES(ckpt::shard(in, dir.path() / "out", o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "--world-size must be at least 1"));
+  o.world_size = 2;
+  o.process_count = 2;
+  o.process_index = 2;
+  REQUIRE_THROWS_MATCHES(ckpt::shard(in, dir.path() / "out", o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "is not a valid process rank"));
+  o.process_count = 1;
+  o.process_index = 0;
+  o.key = "model";
+  REQUIRE_THROWS_MATCHES(ckpt::shard(in, dir.path() / "out", o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "--key applies to input that is not a DCP"));
+  o.key.reset();
+  o.max_memory = 4;  // head.weight is chunked on dim 1: gathered, one row is 12 bytes
+  REQUIRE_THROWS_MATCHES(ckpt::shard(in, dir.path() / "out", o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "more than the memory bound of 4"));
+  CHECK(std::filesystem::is_empty(dir.path()));
+}
+
+TEST_CASE("shard: a hole in the input is refused and leaves nothing", "[ckpt][shard]") {
+  TestDir dir;
+  ckpt::Checkpoint in = ckpt::open_checkpoint(testdata("dcp/torch113_2rank"));
+  for (auto& t : in.tensors) {
+    if (t.name == "model.embed.weight") t.chunks.pop_back();
+  }
+  ckpt::ShardOptions o;
+  o.world_size = 3;
+  REQUIRE_THROWS_MATCHES(ckpt::shard(in, dir.path() / "out", o), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, std::nullopt, "(a hole)"));
+  CHECK(std::filesystem::is_empty(dir.path()));
+}
+
+TEST_CASE("shard: the dry run plans, -j does not change the bytes", "[ckpt][shard]") {
+  TestDir dir;
+  const ckpt::Checkpoint in = ckpt::open_checkpoint(testdata("dcp/torch113_4rank"));
+  ckpt::ShardOptions o;
+  o.world_size = 3;
+  const ckpt::ShardResult plan = ckpt::shard(in, dir.path() / "dry", o, true);
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "dry"));
+  CHECK(plan.files.size() == 3);
+  o.threads = 1;
+  const ckpt::ShardResult one = ckpt::shard(in, dir.path() / "j1", o);
+  o.threads = 8;
+  ckpt::shard(in, dir.path() / "j8", o);
+  CHECK(one.committed);
+  for (int r = 0; r < 3; ++r) {
+    const std::string f = "__" + std::to_string(r) + "_0.distcp";
+    CHECK(read_all(dir.path() / "j1" / f) == read_all(dir.path() / "j8" / f));
+    CHECK(std::filesystem::file_size(dir.path() / "j1" / f) == plan.files[static_cast<std::size_t>(r)].size);
+  }
+}
