@@ -180,12 +180,19 @@ def check_geometry(out, world, layout="fsdp", replicated=()):
 
 
 def roundtrip(src, world, *extra, layout="fsdp", compare_merge=True, replicated=()):
+    """shard(src, world): verify --deep passes, every item loads in PyTorch, PyTorch's reading of
+    it equals PyTorch's reading of src, the geometry is torch.chunk's, and (DCP input) our merge of
+    it is byte for byte our merge of src. Files beside .metadata (meta.pt, common.pt,
+    metadata.json) come along unchanged."""
     def body():
         name = re.sub(r"\W", "_", os.path.basename(src.rstrip("/"))) + f"_{world}_{layout}_{len(extra)}"
         out = shard(src, os.path.join(work, name), "-n", str(world), "--layout", layout, *extra)
         load_items(out)  # every item loads in PyTorch
         dcp_oracle.same(torch, sorted_top(got_of(out)), sorted_top(expected_of(src)))
         check_geometry(out, world, layout, replicated)
+        for extra_file in ("meta.pt", "common.pt", "metadata.json"):
+            if os.path.isdir(src) and os.path.exists(os.path.join(src, extra_file)):
+                assert open(os.path.join(out, extra_file), "rb").read() == open(os.path.join(src, extra_file), "rb").read(), extra_file
         if compare_merge and os.path.isdir(src):
             # the same file name: the archive folder inside is named after it
             os.makedirs(os.path.join(work, name + ".a"))
@@ -333,10 +340,11 @@ def test_distributed():
 
 def test_torchtune():
     src = os.path.join(SHARED, "pytorch__torchtune__tiny-fair-checkpoint", "tiny_fair_checkpoint.pt")
-    out = shard(src, os.path.join(work, "torchtune"), "-n", "3", "--key", "model")
-    assert all(k.startswith("model.") for k in metadata(out).state_dict_metadata)
-    dcp_oracle.same(torch, got_of(out), {"model": plain(torch.load(src))})
-    check_geometry(out, 3)
+    for w in (1, 2, 3, 4, 7):
+        out = shard(src, os.path.join(work, f"torchtune_{w}"), "-n", str(w), "--key", "model")
+        assert all(k.startswith("model.") for k in metadata(out).state_dict_metadata)
+        dcp_oracle.same(torch, got_of(out), {"model": plain(torch.load(src))})
+        check_geometry(out, w)
 
 
 ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "F64": torch.float64, "I32": torch.int32, "I16": torch.int16,
@@ -350,13 +358,14 @@ def test_safetensors():
         _, tensors = read_safetensors(os.path.join(folder, f), padded=False)
         if any(d not in ST_DTYPES for d, _, _ in tensors.values()):
             continue  # uint16 and uint32 (H, I): torch 1.13 has no such dtype to read them back with
-        out = shard(os.path.join(folder, f), os.path.join(work, "st_" + f), "-n", "2")
-        got = got_of(out)
-        assert sorted(got) == sorted(tensors), (sorted(got), sorted(tensors))
-        for k, (dtype, shape, data) in tensors.items():
-            assert got[k].dtype == ST_DTYPES[dtype] and list(got[k].shape) == shape, (k, got[k].dtype, dtype)
-            assert raw(got[k]) == data, f"{f}: {k} bytes differ"
-        check_geometry(out, 2)
+        for w in (1, 2, 3, 4, 7):
+            out = shard(os.path.join(folder, f), os.path.join(work, f"st_{w}_{f}"), "-n", str(w))
+            got = got_of(out)
+            assert sorted(got) == sorted(tensors), (sorted(got), sorted(tensors))
+            for k, (dtype, shape, data) in tensors.items():
+                assert got[k].dtype == ST_DTYPES[dtype] and list(got[k].shape) == shape, (k, got[k].dtype, dtype)
+                assert raw(got[k]) == data, f"{f}: {k} bytes differ"
+            check_geometry(out, w)
         done += 1
     assert done >= 7, done
 
@@ -379,10 +388,10 @@ check("Lightning full file: model and optimizer sharded alike, the rest into met
 check("two cooperating processes (RANK/WORLD_SIZE) write what one process writes", test_distributed)
 if SHARED:
     mega = os.path.join(SHARED, "LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt")
-    for w in (2, 3):
-        check(f"real torch 2.4 Megatron checkpoint -> {w} ranks", roundtrip(mega, w))
-    check("real torchtune torch.save file -> 3 ranks (--key model)", test_torchtune)
-    check("real safetensors samples -> 2 ranks", test_safetensors)
+    for w in (1, 2, 3, 4, 7):
+        check(f"real torch 2.4 Megatron checkpoint -> {w} ranks (common.pt, metadata.json carried)", roundtrip(mega, w))
+    check("real torchtune torch.save file -> 1, 2, 3, 4, 7 ranks (--key model)", test_torchtune)
+    check("real safetensors samples -> 1, 2, 3, 4, 7 ranks", test_safetensors)
 else:
     skip("real checkpoints", "../shared/testdata-real is absent")
 finish()

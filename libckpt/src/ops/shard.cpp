@@ -154,7 +154,11 @@ class Sharder {
     for (auto& [pos, add] : in_order) add();
     for (const CheckpointFile& f : c_.files) {
       if (f.relative == "meta.pt") carry_meta(f);
-      else if (f.relative == "common.pt" || f.relative == "metadata.json") carried_.push_back({f.relative, open_file(f.path)});
+    }
+    // Megatron's torch_dist files beside the DCP part (open_dcp reads them but does not list them).
+    for (const char* name : {"common.pt", "metadata.json"}) {
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(c_.root / name, ec)) carried_.push_back({name, open_file(c_.root / name)});
     }
   }
 
