@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "ckpt/error.hpp"
+#include "ckpt/test_hooks.hpp"
 #include "parallel.hpp"
 #include "zip/crc32.hpp"
 
@@ -78,6 +79,7 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, std:
     t.fill(out, b.scratch);
     const std::uint32_t crc = detail::crc32_update(0, out);
     sink.write_at(t.offset, out);
+    test_hooks::crash_point("task");
     done[i] = {t.offset, t.length, crc};
     t.fill = nullptr;  // release what the closure holds (sources, item parses)
     std::lock_guard lock(progress_mutex);

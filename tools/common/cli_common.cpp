@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "ckpt/test_hooks.hpp"
 #include "fsdp_version.hpp"
 
 namespace fsdp_tools {
@@ -78,7 +79,8 @@ std::optional<int> usage_errors(std::string_view program, const std::function<vo
   return std::nullopt;
 }
 
-unsigned test_copy_delay_ms() {
+unsigned test_hooks_from_environment() {
+  if (const char* crash = std::getenv("FSDP_TEST_CRASH_AT")) ckpt::test_hooks::set_crash_point(crash);
   const char* delay = std::getenv("FSDP_TEST_COPY_DELAY_MS");
   return delay ? static_cast<unsigned>(std::atoi(delay)) : 0;
 }

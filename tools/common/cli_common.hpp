@@ -51,8 +51,9 @@ void add_write_flags(CLI::App& app, WriteFlags& flags, const std::string& plan);
 /// as parse() prints one, and 2 is returned.
 std::optional<int> usage_errors(std::string_view program, const std::function<void()>& translate);
 
-/// FSDP_TEST_COPY_DELAY_MS (tests only: slow each copy down so that a test can interrupt it).
-unsigned test_copy_delay_ms();
+/// Tests only: arms FSDP_TEST_CRASH_AT (ckpt/test_hooks.hpp) and returns FSDP_TEST_COPY_DELAY_MS
+/// (slow each copy down so that a test can interrupt it), 0 when unset.
+unsigned test_hooks_from_environment();
 
 /// --include and --exclude in the order argv gives them (CLI11 keeps each option's values apart).
 std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv);

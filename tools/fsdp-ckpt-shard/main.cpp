@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   if (auto code = fsdp_tools::usage_errors("fsdp-ckpt-shard", [&] { shard = fsdp_tools::to_shard(options, fsdp_tools::filters_in_order(argc, argv), env); })) {
     return *code;
   }
-  shard.task_delay_ms = fsdp_tools::test_copy_delay_ms();
+  shard.task_delay_ms = fsdp_tools::test_hooks_from_environment();
   const fsdp_tools::WriteFlags& flags = options.flags;
   fsdp_tools::cancel_on_signals();
   return fsdp_tools::run_tool("fsdp-ckpt-shard", [&] {

@@ -73,6 +73,11 @@ Window resolve_window(const ByteSource& source) noexcept;
 void stream_range(const ByteSource& source, std::uint64_t offset, std::uint64_t length,
                   const std::function<void(std::span<const std::byte>)>& out);
 
+/// Removes what dead writers left beside `target`: `<target>.tmp.<pid>` and `<target>.old.<pid>`
+/// files and directories whose process no longer exists (a run killed with SIGKILL). A live
+/// process's are never touched. Every sink calls it before it creates its own temporary file.
+void remove_stale_temps(const std::filesystem::path& target) noexcept;
+
 /// Whether a FileSink may replace an existing file.
 enum class Overwrite { kNo, kYes };
 

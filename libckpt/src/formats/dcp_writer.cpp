@@ -13,6 +13,7 @@
 
 #include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/test_hooks.hpp"
 #include "ckpt/sharding.hpp"
 #include "ckpt/torch_save.hpp"
 #include "formats/archive_plan.hpp"
@@ -241,6 +242,7 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
         });
       }
       z.commit();
+      test_hooks::crash_point("item");
       per_file[i].push_back(item_of(plan, r, f.name, at, sink->offset() - at));
     }
     sink->commit();
@@ -404,6 +406,7 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
     planner_v = pk::make_dict(std::move(planner));
   }
   ValuePtr root = mb.metadata(pk::make_dict(std::move(sdm)), planner_v, pk::make_dict(std::move(storage)));
+  test_hooks::crash_point("metadata");
   auto meta = open_file_sink(dir / ".metadata", Overwrite::kYes, dir / ".metadata.tmp");
   meta->write(pk::write(*root, 4));
   meta->commit();

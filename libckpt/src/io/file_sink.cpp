@@ -14,10 +14,34 @@
 #include <cerrno>
 #include <cstring>
 
+#include <csignal>
+#include <string_view>
+
 #include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
+#include "ckpt/test_hooks.hpp"
 
 namespace ckpt {
+
+void remove_stale_temps(const std::filesystem::path& target) noexcept {
+  std::error_code ec;
+  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  const std::string base = target.filename().string();
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    for (const std::string_view tag : {".tmp.", ".old."}) {
+      const std::string prefix = base + std::string(tag);
+      if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string pid_text = n.substr(prefix.size());
+      if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
+      const auto pid = static_cast<pid_t>(std::stol(pid_text));
+      // Only what a dead process left: a live writer (this one, or another run) keeps its files.
+      if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+      std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+}
+
 namespace {
 
 constexpr std::size_t kBufferSize = std::size_t{1} << 20;
@@ -34,6 +58,7 @@ class TempFile {
     }
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC;
     if (temp_.empty()) {
+      remove_stale_temps(target_);
       temp_ = target_;
       temp_ += ".tmp." + std::to_string(::getpid());
       flags |= O_EXCL;
@@ -67,6 +92,7 @@ class TempFile {
       fail("close failed");
     }
     fd_ = -1;
+    test_hooks::crash_point("rename");
     if (overwrite_ == Overwrite::kYes) {
       if (::rename(temp_.c_str(), target_.c_str()) != 0) fail("cannot rename " + temp_.string() + " into place");
     } else {
@@ -79,6 +105,7 @@ class TempFile {
       ::unlink(temp_.c_str());
     }
     committed_ = true;
+    test_hooks::crash_point("renamed");
     std::filesystem::path dir = target_.parent_path();
     if (dir.empty()) dir = ".";
     int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

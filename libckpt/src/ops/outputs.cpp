@@ -8,7 +8,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include <cstdio>
+
 #include "ckpt/error.hpp"
+#include "ckpt/io.hpp"
+#include "ckpt/test_hooks.hpp"
 
 namespace ckpt::detail {
 
@@ -25,6 +29,7 @@ void refuse_output_over_input(const std::filesystem::path& input, const std::fil
 }
 
 std::filesystem::path fresh_dir(const std::filesystem::path& output, const std::string& suffix) {
+  remove_stale_temps(output);
   std::filesystem::path t = output;
   t += suffix;
   std::error_code ec;
@@ -46,17 +51,35 @@ void sync_dir(const std::filesystem::path& dir) {
 
 void move_dir_into_place(const std::filesystem::path& built, const std::filesystem::path& output) {
   std::error_code ec;
-  std::filesystem::path old;
-  if (std::filesystem::exists(output, ec)) {
-    old = output;
-    old += ".old." + std::to_string(::getpid());
-    std::filesystem::rename(output, old, ec);
-    if (ec) throw Error(ErrorKind::kIo, output.string(), std::nullopt, "cannot move the old output aside: " + ec.message());
+  const std::filesystem::path parent = std::filesystem::absolute(output).parent_path();
+  test_hooks::crash_point("replace");
+  if (!std::filesystem::exists(output, ec)) {
+    std::filesystem::rename(built, output, ec);
+    if (ec) throw Error(ErrorKind::kIo, output.string(), std::nullopt, "cannot move the new output into place: " + ec.message());
+    sync_dir(parent);
+    return;
   }
+  // One atomic step: the new output takes the old one's name and the old one takes the
+  // temporary name, so that at every instant `output` is one whole checkpoint or the other.
+  if (::renameat2(AT_FDCWD, built.c_str(), AT_FDCWD, output.c_str(), RENAME_EXCHANGE) == 0) {
+    sync_dir(parent);
+    test_hooks::crash_point("exchanged");
+    std::filesystem::remove_all(built, ec);  // the old output, now under the temporary name
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    throw Error(ErrorKind::kIo, output.string(), std::nullopt, std::string("cannot exchange the new output with the old: ") + std::strerror(errno));
+  }
+  // A file system without RENAME_EXCHANGE: the old output is moved aside first (a crash in
+  // between leaves it at <output>.old.<pid>, which the next run removes).
+  std::filesystem::path old = output;
+  old += ".old." + std::to_string(::getpid());
+  std::filesystem::rename(output, old, ec);
+  if (ec) throw Error(ErrorKind::kIo, output.string(), std::nullopt, "cannot move the old output aside: " + ec.message());
   std::filesystem::rename(built, output, ec);
   if (ec) throw Error(ErrorKind::kIo, output.string(), std::nullopt, "cannot move the new output into place: " + ec.message());
-  sync_dir(std::filesystem::absolute(output).parent_path());
-  if (!old.empty()) std::filesystem::remove_all(old, ec);
+  sync_dir(parent);
+  std::filesystem::remove_all(old, ec);
 }
 
 }  // namespace ckpt::detail
