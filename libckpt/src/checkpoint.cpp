@@ -157,6 +157,9 @@ Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) 
     if (!std::filesystem::is_regular_file(p, ec)) {
       throw Error(ErrorKind::kIo, p.string(), std::nullopt, "shard named by the index is missing");
     }
+    if (!resolves_inside(dir.empty() ? std::filesystem::path(".") : dir, p)) {
+      throw Error(ErrorKind::kFormat, p.string(), std::nullopt, "shard named by the index is a symbolic link that leads outside its directory");
+    }
     SourcePtr shard = open_file(p);
     SafetensorsFile sf = read_safetensors(shard);
     index = c.files.size();

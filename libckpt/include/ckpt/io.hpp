@@ -78,6 +78,11 @@ void stream_range(const ByteSource& source, std::uint64_t offset, std::uint64_t 
 /// process's are never touched. Every sink calls it before it creates its own temporary file.
 void remove_stale_temps(const std::filesystem::path& target) noexcept;
 
+/// Whether `file`, named inside directory `dir`, also resolves inside it once symbolic links are
+/// followed (a missing file counts as inside: it is reported where it is read). Readers refuse a
+/// file that leads out, so that nothing outside a checkpoint directory is ever read.
+bool resolves_inside(const std::filesystem::path& dir, const std::filesystem::path& file);
+
 /// Whether a FileSink may replace an existing file.
 enum class Overwrite { kNo, kYes };
 

@@ -2,6 +2,7 @@
 // DCP directories: `.metadata` interpreted into the Checkpoint index (see ckpt/dcp.hpp).
 #include "ckpt/dcp.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,12 @@
 
 namespace ckpt {
 namespace {
+
+void require_inside(const std::filesystem::path& dir, const std::string& name) {
+  if (!resolves_inside(dir, dir / name)) {
+    throw Error(ErrorKind::kFormat, (dir / name).string(), std::nullopt, "is a symbolic link that leads outside the checkpoint directory");
+  }
+}
 
 using pickle::GlobalKind;
 using pickle::Value;
@@ -168,6 +175,9 @@ class MetadataReader {
     CheckpointFile f;
     f.relative = *name;
     f.path = c_.root / p;
+    if (!resolves_inside(c_.root, f.path)) {
+      fail(*name_node, "relative_path '" + *name + "' is a symbolic link that leads outside the checkpoint directory");
+    }
     std::error_code ec;
     const auto sz = std::filesystem::file_size(f.path, ec);
     if (!ec) f.size = sz;
@@ -370,6 +380,7 @@ Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
   if (max_rank >= 0) c.world_size = max_rank + 1;
 
   // Lightning's meta.pt: the rest of the state.
+  for (const char* name : {"meta.pt", "common.pt", "metadata.json"}) require_inside(dir, name);
   if (std::filesystem::exists(dir / "meta.pt", ec)) {
     c.format = Format::kLightningSharded;
     try {

@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "ckpt/error.hpp"
@@ -211,6 +211,15 @@ void stream_range(const ByteSource& source, std::uint64_t offset, std::uint64_t 
 void MemorySink::write(std::span<const std::byte> bytes) {
   if (committed_) internal_error("write after commit on " + name_);
   bytes_.insert(bytes_.end(), bytes.begin(), bytes.end());
+}
+
+bool resolves_inside(const std::filesystem::path& dir, const std::filesystem::path& file) {
+  std::error_code ec;
+  const std::filesystem::path d = std::filesystem::weakly_canonical(dir, ec);
+  const std::filesystem::path f = std::filesystem::weakly_canonical(file, ec);
+  if (ec) return true;
+  auto [di, fi] = std::mismatch(d.begin(), d.end(), f.begin(), f.end());
+  return di == d.end() && fi != f.end();
 }
 
 }  // namespace ckpt
