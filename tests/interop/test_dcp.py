@@ -99,7 +99,7 @@ def test_hostile_metadata_refused():
     d = write_hostile("evil", pickle.dumps(meta, protocol=4))
     r = probe(a, "dump-checkpoint", d, expect_ok=False)
     assert r.returncode == 1, r.stderr
-    assert "global 'posix.system' is not allowed in .metadata" in r.stderr or "global 'os.system'" in r.stderr, r.stderr
+    assert "global 'posix.system' would run code when loaded" in r.stderr or "global 'os.system'" in r.stderr, r.stderr
     assert "offset" in r.stderr and ".metadata" in r.stderr, r.stderr
     assert not os.path.exists(os.path.join(work, "pwned")), "the hostile pickle ran"
     # eval by name

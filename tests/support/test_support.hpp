@@ -56,6 +56,9 @@ inline std::vector<std::byte> read_all(const std::filesystem::path& p) {
   return src->read_vector(0, src->size());
 }
 
+inline void put_u16(std::vector<std::byte>& b, std::size_t at, std::uint16_t v) {
+  for (int i = 0; i < 2; ++i) b.at(at + static_cast<std::size_t>(i)) = static_cast<std::byte>(v >> (8 * i));
+}
 inline void put_u32(std::vector<std::byte>& b, std::size_t at, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) b.at(at + static_cast<std::size_t>(i)) = static_cast<std::byte>(v >> (8 * i));
 }

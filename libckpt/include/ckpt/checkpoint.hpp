@@ -125,6 +125,10 @@ struct ChunkData {
 /// pread (the copy engine: memory bounded by its buffers).
 enum class FileAccess { kMap, kRead };
 
+/// The most bytes a DCP bytes item may decode to (a zstd frame that expands past it is refused):
+/// far more than any optimizer's param_groups or RNG state, far less than the machine's memory.
+constexpr std::uint64_t kMaxObjectItem = std::uint64_t{256} << 20;
+
 /// Reads chunk data and DCP items. Opens each file once, on first use. Thread-safe.
 class ChunkReader {
  public:
@@ -133,8 +137,8 @@ class ChunkReader {
   /// agree with the metadata (dtype, shape), kIo when a file cannot be opened.
   ChunkData read(const TensorEntry& tensor, const Chunk& chunk) const;
   /// The bytes at `location`, transforms undone (zstd decoded in a stream, bounded by
-  /// `max_decoded` bytes).
-  SourcePtr item(const ChunkLocation& location, std::uint64_t max_decoded = std::uint64_t{1} << 30) const;
+  /// `max_decoded` bytes; read() bounds a tensor item by its chunk's bytes plus 1 MiB).
+  SourcePtr item(const ChunkLocation& location, std::uint64_t max_decoded = kMaxObjectItem) const;
   /// The value a DCP bytes item holds (a torch.save archive), or the entry's known value.
   pickle::ValuePtr object_value(const ObjectEntry& entry) const;
   SourcePtr file(std::size_t index) const;

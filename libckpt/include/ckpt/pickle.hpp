@@ -66,6 +66,12 @@ std::string_view to_string(GlobalKind kind) noexcept;
 /// The allow-list: what `module.name` means. `module` is canonical (`builtins`, not `__builtin__`).
 GlobalKind classify(std::string_view module, std::string_view name) noexcept;
 
+/// The deny-list beside it: globals whose call would run code, reach the operating system or load
+/// another pickle (os.system, posix.system, subprocess.Popen, builtins.eval, ...). No checkpoint
+/// needs one; the unpickler refuses a pickle that names one, in every mode, so that such a file is
+/// never shown as sound nor copied into an output.
+bool runs_code(std::string_view module, std::string_view name) noexcept;
+
 /// An int of any size: `value` when it fits int64 (then `big` is empty), else `big` holds the
 /// minimal two's-complement little-endian bytes (as LONG1/LONG4 carry them).
 struct Int {
@@ -169,10 +175,15 @@ ValuePtr rebuild(const ValuePtr& root, const std::function<ValuePtr(const Value&
 enum class UnknownGlobals { kKeepOpaque, kRefuse };
 /// Whether BINPERSID is allowed (torch.save's data.pkl) or refused (DCP's .metadata).
 enum class PersistentIds { kAllow, kRefuse };
+/// What the unpickler does with a global that would run code (runs_code()): refuse it (every
+/// reader does) or keep it opaque like any unknown global (the pickle layer's own round trips,
+/// which show that such a pickle is carried and never executed).
+enum class CodeGlobals { kRefuse, kKeep };
 
 struct ParseOptions {
   UnknownGlobals unknown_globals = UnknownGlobals::kKeepOpaque;
   PersistentIds persistent_ids = PersistentIds::kAllow;
+  CodeGlobals code_globals = CodeGlobals::kRefuse;
   /// Called with each global as it is made (after classification); may throw to refuse it.
   std::function<void(const Value&)> on_global;
   /// Called with each object REDUCE, NEWOBJ or NEWOBJ_EX makes (before any BUILD); may throw.

@@ -5,6 +5,7 @@
 // written back unchanged, refused wherever a value must be understood (a tensor rebuild, a DCP
 // class), and never resolved or called. The entries follow spec/FORMATS.md §2.9 (what
 // torch.load(weights_only=True) accepts) and §3.3.4 (every module path DCP classes have had).
+#include <algorithm>
 #include <array>
 #include <string_view>
 
@@ -96,6 +97,27 @@ constexpr std::array<std::string_view, 11> kLegacyTensorNames{
     "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor", "ComplexFloatTensor"};
 
 }  // namespace
+
+bool runs_code(std::string_view module, std::string_view name) noexcept {
+  // Modules whose every callable reaches the operating system, the interpreter or the network.
+  static constexpr std::array kModules = std::to_array<std::string_view>(
+      {"os", "posix", "nt", "sys", "subprocess", "shutil", "socket", "pty", "importlib", "runpy", "ctypes", "multiprocessing",
+       "marshal", "pickle", "_pickle", "shelve", "webbrowser", "code", "codeop", "timeit", "pdb", "platform", "signal", "asyncio"});
+  for (std::string_view m : kModules) {
+    if (module == m || (module.size() > m.size() && module.starts_with(m) && module[m.size()] == '.')) return true;
+  }
+  // Builtins that evaluate, import, open or mutate.
+  static constexpr std::array kBuiltins = std::to_array<std::string_view>(
+      {"eval", "exec", "compile", "__import__", "open", "setattr", "delattr", "globals", "locals", "vars", "input", "breakpoint",
+       "exit", "quit", "help", "memoryview"});
+  if (module == "builtins") return std::find(kBuiltins.begin(), kBuiltins.end(), name) != kBuiltins.end();
+  // The usual gadgets around them, and loaders that would run another file's pickle.
+  if (module == "operator") return name == "attrgetter" || name == "methodcaller" || name == "itemgetter";
+  if (module == "torch" || module == "torch.serialization" || module == "torch.jit" || module == "torch.hub") {
+    return name == "load" || name == "jit" || name == "hub";
+  }
+  return module == "numpy" && (name == "load" || name == "fromfile");
+}
 
 GlobalKind classify(std::string_view module, std::string_view name) noexcept {
   // Never anything from these modules, whatever the table says (as torch.load does).

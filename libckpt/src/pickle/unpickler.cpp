@@ -165,6 +165,9 @@ class Unpickler {
     ValuePtr g = pickle::make_global(std::move(module), std::move(name));
     g->offset = op_offset_;
     auto* gp = std::get<std::unique_ptr<Global>>(g->payload).get();
+    if (options_.code_globals == CodeGlobals::kRefuse && runs_code(gp->module, gp->name)) {
+      fail("global '" + gp->module + "." + gp->name + "' would run code when loaded: this file is malicious or unsafe (refused, never executed)");
+    }
     if (gp->kind == GlobalKind::kOpaque && options_.unknown_globals == UnknownGlobals::kRefuse) {
       fail("global '" + gp->module + "." + gp->name + "' is not allowed here (refused, not executed)");
     }

@@ -89,10 +89,22 @@ ZipReader::ZipReader(SourcePtr source) : source_(std::move(source)) {
         r.fail_at(rec_at, "zip64 end-of-central-directory signature is " + hex32(sig) + ", expected 0x06064b50");
       }
       r.skip(8 + 2 + 2 + 4 + 4);
-      entries_on_disk = r.u64le();
-      entries_total = r.u64le();
-      cd_size = r.u64le();
-      cd_offset = r.u64le();
+      const std::uint64_t z_on_disk = r.u64le(), z_total = r.u64le(), z_size = r.u64le(), z_offset = r.u64le();
+      // A 32-bit field is saturated (0xFFFF...) when its value needs the zip64 record, and equal
+      // to it otherwise (miniz and CPython write both): anything else is a damaged end record.
+      auto agrees = [](std::uint64_t narrow, std::uint64_t wide, std::uint64_t saturated) { return narrow == saturated || narrow == wide; };
+      if (!agrees(entries_on_disk, z_on_disk, 0xffff) || !agrees(entries_total, z_total, 0xffff) ||
+          !agrees(cd_size, z_size, 0xffffffffu) || !agrees(cd_offset, z_offset, 0xffffffffu)) {
+        throw Error(ErrorKind::kFormat, name, *eocd,
+                    "end-of-central-directory record (" + std::to_string(entries_total) + " entries, directory at " +
+                        std::to_string(cd_offset) + ", " + std::to_string(cd_size) + " bytes) disagrees with the zip64 end record (" +
+                        std::to_string(z_total) + " entries, at " + std::to_string(z_offset) + ", " + std::to_string(z_size) +
+                        " bytes)");
+      }
+      entries_on_disk = z_on_disk;
+      entries_total = z_total;
+      cd_size = z_size;
+      cd_offset = z_offset;
       cd_limit = rec_at;
     }
   }

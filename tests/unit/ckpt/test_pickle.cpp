@@ -74,10 +74,21 @@ TEST_CASE("globals are classified by the one allow-list and never resolved", "[c
   auto v = parse("\x80\x02" "c__builtin__\nset\n)R.");
   CHECK(v->callable_kind() == pk::GlobalKind::kBuiltinSet);
   CHECK(v->object()->callable->global()->module == "builtins");
-  auto evil = parse("\x80\x02" "cos\nsystem\nX\x02\x00\x00\x00ls\x85R."s);
+  // Globals that would run code are refused by default, with the reason ...
+  REQUIRE_THROWS_MATCHES(parse("\x80\x02" "cos\nsystem\nX\x02\x00\x00\x00ls\x85R."s), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, 2, "global 'os.system' would run code when loaded"));
+  CHECK(pk::runs_code("posix", "system"));
+  CHECK(pk::runs_code("subprocess", "Popen"));
+  CHECK(pk::runs_code("builtins", "eval"));
+  CHECK_FALSE(pk::runs_code("collections", "OrderedDict"));
+  CHECK_FALSE(pk::runs_code("torch._utils", "_rebuild_tensor_v2"));
+  // ... and can be kept opaque, never resolved, when asked.
+  pk::ParseOptions keep;
+  keep.code_globals = pk::CodeGlobals::kKeep;
+  auto evil = parse("\x80\x02" "cos\nsystem\nX\x02\x00\x00\x00ls\x85R."s, keep);
   CHECK(evil->callable_kind() == pk::GlobalKind::kOpaque);
   CHECK(pk::repr(*evil) == "os.system('ls')");
-  pk::ParseOptions strict;
+  pk::ParseOptions strict = keep;
   strict.unknown_globals = pk::UnknownGlobals::kRefuse;
   REQUIRE_THROWS_MATCHES(parse("\x80\x02" "cos\nsystem\nX\x02\x00\x00\x00ls\x85R."s, strict), ckpt::Error,
                          IsCkptError(ErrorKind::kFormat, 2, "global 'os.system' is not allowed here"));

@@ -62,10 +62,13 @@ TEST_CASE("zip corruption table", "[ckpt][zip]") {
       {"too small", [](auto& b) { b.resize(10); }, ErrorKind::kFormat, 0, "too small to be a zip archive"},
       {"no end record", [](auto& b) { b.resize(b.size() - 5); }, ErrorKind::kFormat, std::nullopt, "no end-of-central-directory record"},
       {"bad central signature", [&](auto& b) { put_u32(b, cd, 0x12345678); }, ErrorKind::kFormat, cd, "expected 0x02014b50"},
+      {"end records disagree", [&](auto& b) { put_u16(b, eocd + 10, 2); }, ErrorKind::kFormat, eocd, "disagrees with the zip64 end record"},
       {"bad local signature", [](auto& b) { put_u32(b, 0, 0x12345678); }, ErrorKind::kFormat, 0, "expected 0x04034b50"},
-      {"too many entries", [&](auto& b) { put_u64(b, eocd - 20 - 56 + 24, 1000); put_u64(b, eocd - 20 - 56 + 32, 1000); },
+      // (the 32-bit end record saturated, as a writer leaves it when the zip64 values are needed)
+      {"too many entries", [&](auto& b) { put_u64(b, eocd - 20 - 56 + 24, 1000); put_u64(b, eocd - 20 - 56 + 32, 1000);
+                                          put_u16(b, eocd + 8, 0xffff); put_u16(b, eocd + 10, 0xffff); },
        ErrorKind::kFormat, eocd, "1000 entries cannot fit"},
-      {"central directory past the end records", [&](auto& b) { put_u64(b, eocd - 20 - 56 + 40, 100000); },
+      {"central directory past the end records", [&](auto& b) { put_u64(b, eocd - 20 - 56 + 40, 100000); put_u32(b, eocd + 12, 0xffffffffu); },
        ErrorKind::kFormat, eocd, "does not end before the end records"},
       {"zip64 locator points nowhere", [&](auto& b) { put_u64(b, eocd - 20 + 8, eocd); }, ErrorKind::kFormat, eocd - 12,
        "leaves no room"},
