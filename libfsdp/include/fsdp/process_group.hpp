@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// The process group libfsdp shards over (DESIGN.md "libfsdp"): where this process sits among the
+// others (torchrun's or SLURM's variables, or given), how they meet (a TCPStore hosted by rank 0,
+// or a FileStore), and the collectives FSDP needs, on Gloo (CPU) or NCCL (CUDA, when the LibTorch
+// found has it). Every collective waits at most the group's timeout; a rank that died or never
+// came turns into an fsdp::Error that says which operation and which ranks, never a hang.
+// The differences between LibTorch 1.13 and 2.x c10d live in src/c10d_compat.cpp alone.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fsdp {
+
+/// What libfsdp throws: a message meant for the user, naming the rank and the operation.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Backend { kGloo, kNccl };
+std::string_view to_string(Backend backend) noexcept;
+/// "gloo" or "nccl"; throws fsdp::Error for anything else, and for nccl in a build without CUDA.
+Backend backend_from_string(std::string_view name);
+/// Whether this build can make an NCCL group (the LibTorch it was built against has CUDA).
+bool nccl_available() noexcept;
+
+/// Where this process sits and how it meets the others.
+struct Rendezvous {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string file_store;  ///< non-empty: meet through a FileStore at this path instead of TCP
+
+  /// From torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or, when RANK is not
+  /// set, SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the first host of
+  /// SLURM_JOB_NODELIST, MASTER_PORT or 29500). std::nullopt when neither is there; throws
+  /// fsdp::Error for values that are not numbers or a rank outside the world.
+  static std::optional<Rendezvous> from_environment(const std::map<std::string, std::string>& env);
+};
+
+/// The first host of a SLURM node list: "node[003-006,9],gpu1" -> "node003".
+std::string first_slurm_host(std::string_view nodelist);
+
+/// torch's default process-group timeout.
+constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+class ProcessGroup {
+ public:
+  /// Meets the other world_size - 1 processes (rank 0 hosts the TCPStore) within `timeout`.
+  /// Throws fsdp::Error when they do not all come.
+  ProcessGroup(const Rendezvous& where, Backend backend, std::chrono::milliseconds timeout = kDefaultTimeout);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const noexcept;
+  int size() const noexcept;
+  Backend backend() const noexcept;
+  std::chrono::milliseconds timeout() const noexcept;
+
+  void barrier();
+  /// `tensor` on every rank becomes root's.
+  void broadcast(at::Tensor& tensor, int root = 0);
+  /// Element-wise reduction over every rank, in place (kAvg: the sum divided by size()).
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// `out` (contiguous, size() × input.numel() elements) = every rank's `input`, in rank order.
+  void all_gather(at::Tensor& out, const at::Tensor& input);
+  /// `out` (contiguous, input.numel() / size() elements) = this rank's slice of the element-wise
+  /// reduction of every rank's `input`. On Gloo, which has no reduce-scatter, an all-reduce of a
+  /// copy whose slice is kept.
+  void reduce_scatter(at::Tensor& out, const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: Apache-2.0
+// See NOTE [c10d versions] in c10d_compat.hpp.
+#include "c10d_compat.hpp"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
+#if FSDP_HAS_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace fsdp::detail {
+
+struct C10dGroup {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+#if FSDP_HAS_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
+#endif
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{};
+};
+
+namespace {
+
+std::string first_line(const char* what) {
+  std::string s(what);
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+std::string seconds(std::chrono::milliseconds t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", std::chrono::duration_cast<std::chrono::duration<double>>(t).count());
+  return buf;
+}
+
+// Gloo (1.13 and 2.x) has no bfloat16 (nor int16): collectives that only move bytes move its bits
+// as float16, which Gloo carries and never computes with there, and reductions run in float32 and
+// are rounded back once.
+bool gloo_lacks(const C10dGroup& g, const at::Tensor& t) {
+#if FSDP_HAS_NCCL
+  if (g.nccl) return false;
+#else
+  (void)g;
+#endif
+  return t.scalar_type() == at::kBFloat16;
+}
+at::Tensor as_bytes(const at::Tensor& t) { return t.view(at::kHalf); }
+
+// Runs one c10d call; its errors (a peer that died, a timeout) become fsdp::Error naming the
+// operation and this rank.
+template <typename F>
+void guarded(const C10dGroup& g, std::string_view op, F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    throw Error("rank " + std::to_string(g.rank) + " of " + std::to_string(g.size) + ": " + std::string(op) +
+                " failed: " + first_line(e.what_without_backtrace()) + " (another rank died, stopped or is more than " +
+                seconds(g.timeout) + " late)");
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(g.rank) + " of " + std::to_string(g.size) + ": " + std::string(op) + " failed: " + e.what());
+  }
+}
+
+// Runs `f` on the backend's c10d group, waiting for its work.
+template <typename F>
+void run(C10dGroup& g, std::string_view op, F&& f) {
+  guarded(g, op, [&] {
+#if FSDP_HAS_NCCL
+    if (g.nccl) {
+      f(*g.nccl)->wait();
+      return;
+    }
+#endif
+    f(*g.gloo)->wait();
+  });
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return c10d::ReduceOp::SUM;  // Gloo has no AVG: summed, then divided
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+bool loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
+
+}  // namespace
+
+void destroy(C10dGroup* g) noexcept { delete g; }
+
+GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milliseconds timeout) {
+  auto g = std::make_unique<C10dGroup>();
+  g->rank = where.rank;
+  g->size = where.world_size;
+  g->timeout = timeout;
+  const std::string who = "rank " + std::to_string(where.rank) + " of " + std::to_string(where.world_size);
+  try {
+    if (!where.file_store.empty()) {
+      g->store = c10::make_intrusive<c10d::FileStore>(where.file_store, where.world_size);
+      g->store->setTimeout(timeout);
+    } else {
+      c10d::TCPStoreOptions o;
+      o.port = static_cast<std::uint16_t>(where.master_port);
+      o.isServer = where.rank == 0;
+      o.numWorkers = static_cast<std::size_t>(where.world_size);
+      o.waitWorkers = true;
+      o.timeout = timeout;
+      g->store = c10::make_intrusive<c10d::TCPStore>(where.master_addr, o);
+    }
+    if (backend == Backend::kNccl) {
+#if FSDP_HAS_NCCL
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      g->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(g->store, where.rank, where.world_size, opts);
+      return GroupPtr(g.release(), destroy);
+#else
+      throw Error("this build has no NCCL: the LibTorch it was built against has no CUDA");
+#endif
+    }
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    // GLOO_SOCKET_IFNAME as torch reads it; on one machine, the loopback interface.
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (where.file_store.empty() && loopback(where.master_addr)) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    g->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(g->store, where.rank, where.world_size, opts);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string how = where.file_store.empty() ? "the TCP store at " + where.master_addr + ":" + std::to_string(where.master_port)
+                                                     : "the file store " + where.file_store;
+    throw Error(who + ": the " + std::to_string(where.world_size) + " processes did not all meet through " + how + " within " +
+                seconds(timeout) + ": " + first_line(e.what()));
+  }
+  return GroupPtr(g.release(), destroy);
+}
+
+void barrier(C10dGroup& g) {
+  run(g, "barrier", [&](auto& pg) { return pg.barrier(); });
+}
+
+void broadcast(C10dGroup& g, at::Tensor& t, int root) {
+  std::vector<at::Tensor> v{gloo_lacks(g, t) ? as_bytes(t) : t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = g.timeout;
+  run(g, "broadcast", [&](auto& pg) { return pg.broadcast(v, o); });
+}
+
+void all_reduce(C10dGroup& g, at::Tensor& t, ReduceOp op) {
+  if (gloo_lacks(g, t)) {
+    at::Tensor wide = t.to(at::kFloat);
+    all_reduce(g, wide, op);
+    t.copy_(wide);
+    return;
+  }
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = g.timeout;
+  run(g, "all_reduce", [&](auto& pg) { return pg.allreduce(v, o); });
+  if (op == ReduceOp::kAvg) t.div_(g.size);
+}
+
+void all_gather(C10dGroup& g, at::Tensor& out, const at::Tensor& in) {
+  // Gloo 1.13 has no _allgather_base: one output view per rank into the flat result.
+  const bool bytes = gloo_lacks(g, in);
+  at::Tensor flat = bytes ? as_bytes(out.view({-1})) : out.view({-1});
+  const std::int64_t n = in.numel();
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < g.size; ++r) outputs[0].push_back(flat.narrow(0, r * n, n));
+  at::Tensor input = in.contiguous().view({-1});
+  std::vector<at::Tensor> inputs{bytes ? as_bytes(input) : input};
+  c10d::AllgatherOptions o;
+  o.timeout = g.timeout;
+  run(g, "all_gather", [&](auto& pg) { return pg.allgather(outputs, inputs, o); });
+}
+
+void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op) {
+  const std::int64_t n = out.numel();
+#if FSDP_HAS_NCCL
+  if (g.nccl) {
+    at::Tensor input = in.contiguous().view({-1});
+    at::Tensor output = out.view({-1});
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = g.timeout;
+    guarded(g, "reduce_scatter", [&] { g.nccl->_reduce_scatter_base(output, input, o)->wait(); });
+    if (op == ReduceOp::kAvg) out.div_(g.size);
+    return;
+  }
+#endif
+  // Gloo has no reduce-scatter (1.13 refuses it): all-reduce a copy and keep this rank's slice.
+  at::Tensor all = in.contiguous().view({-1}).clone();
+  all_reduce(g, all, op);
+  out.view({-1}).copy_(all.narrow(0, g.rank * n, n));
+}
+
+}  // namespace fsdp::detail

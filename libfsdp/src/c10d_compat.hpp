@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+// NOTE [c10d versions] The one place that knows how LibTorch 1.13 and 2.x differ in c10d:
+// constructing stores and process groups (Gloo's device, NCCL's options), which collectives a
+// backend lacks (Gloo 1.13 has no reduce_scatter or _allgather_base), and waiting on work with a
+// timeout. Everything else in libfsdp calls these functions.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/process_group.hpp"
+
+namespace fsdp::detail {
+
+/// An opaque c10d process group (a c10d::ProcessGroupGloo or ProcessGroupNCCL) and its store.
+struct C10dGroup;
+
+void destroy(C10dGroup* group) noexcept;
+using GroupPtr = std::unique_ptr<C10dGroup, void (*)(C10dGroup*)>;
+
+/// Meets the other processes and makes the backend's group. Throws fsdp::Error.
+GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milliseconds timeout);
+
+void barrier(C10dGroup& g);
+void broadcast(C10dGroup& g, at::Tensor& t, int root);
+void all_reduce(C10dGroup& g, at::Tensor& t, ReduceOp op);
+void all_gather(C10dGroup& g, at::Tensor& out, const at::Tensor& in);
+void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op);
+
+}  // namespace fsdp::detail

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp/process_group.hpp"
+
+#include <charconv>
+
+#include "c10d_compat.hpp"
+
+namespace fsdp {
+
+std::string_view to_string(Backend b) noexcept { return b == Backend::kNccl ? "nccl" : "gloo"; }
+
+bool nccl_available() noexcept { return FSDP_HAS_NCCL != 0; }
+
+Backend backend_from_string(std::string_view name) {
+  if (name == "gloo") return Backend::kGloo;
+  if (name == "nccl") {
+    if (!nccl_available()) throw Error("backend 'nccl' needs a LibTorch with CUDA; this build has none (use gloo)");
+    return Backend::kNccl;
+  }
+  throw Error("unknown process-group backend '" + std::string(name) + "' (gloo or nccl)");
+}
+
+namespace {
+
+int number(const std::map<std::string, std::string>& env, const std::string& name) {
+  const std::string& v = env.at(name);
+  int out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size()) throw Error(name + "='" + v + "' is not a number");
+  return out;
+}
+
+}  // namespace
+
+std::string first_slurm_host(std::string_view list) {
+  // The first entry: up to a ',' that is not inside brackets.
+  int depth = 0;
+  std::size_t end = 0;
+  for (; end < list.size(); ++end) {
+    if (list[end] == '[') ++depth;
+    if (list[end] == ']') --depth;
+    if (list[end] == ',' && depth == 0) break;
+  }
+  const std::string_view first = list.substr(0, end);
+  const auto open = first.find('[');
+  if (open == std::string_view::npos) return std::string(first);
+  // "node[003-006,9]": the prefix and the first number of the range, zero padding kept.
+  std::string_view range = first.substr(open + 1);
+  const auto stop = range.find_first_of(",-]");
+  return std::string(first.substr(0, open)) + std::string(range.substr(0, stop));
+}
+
+std::optional<Rendezvous> Rendezvous::from_environment(const std::map<std::string, std::string>& env) {
+  Rendezvous r;
+  auto get = [&](const char* k) -> const std::string* {
+    auto it = env.find(k);
+    return it == env.end() ? nullptr : &it->second;
+  };
+  if (get("RANK") && get("WORLD_SIZE")) {
+    r.rank = number(env, "RANK");
+    r.world_size = number(env, "WORLD_SIZE");
+    r.local_rank = get("LOCAL_RANK") ? number(env, "LOCAL_RANK") : r.rank;
+    if (get("MASTER_ADDR")) r.master_addr = *get("MASTER_ADDR");
+  } else if (get("SLURM_PROCID") && get("SLURM_NTASKS")) {
+    r.rank = number(env, "SLURM_PROCID");
+    r.world_size = number(env, "SLURM_NTASKS");
+    r.local_rank = get("SLURM_LOCALID") ? number(env, "SLURM_LOCALID") : 0;
+    if (get("MASTER_ADDR")) r.master_addr = *get("MASTER_ADDR");
+    else if (get("SLURM_JOB_NODELIST")) r.master_addr = first_slurm_host(*get("SLURM_JOB_NODELIST"));
+  } else {
+    return std::nullopt;
+  }
+  if (get("MASTER_PORT")) r.master_port = number(env, "MASTER_PORT");
+  if (r.world_size < 1 || r.rank < 0 || r.rank >= r.world_size) {
+    throw Error("rank " + std::to_string(r.rank) + " is not in a world of " + std::to_string(r.world_size));
+  }
+  if (r.master_port < 1 || r.master_port > 65535) throw Error("MASTER_PORT=" + std::to_string(r.master_port) + " is not a port");
+  return r;
+}
+
+struct ProcessGroup::Impl {
+  detail::GroupPtr group{nullptr, detail::destroy};
+  Rendezvous where;
+  Backend backend;
+  std::chrono::milliseconds timeout;
+};
+
+ProcessGroup::ProcessGroup(const Rendezvous& where, Backend backend, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
+  if (where.world_size < 1 || where.rank < 0 || where.rank >= where.world_size) {
+    throw Error("rank " + std::to_string(where.rank) + " is not in a world of " + std::to_string(where.world_size));
+  }
+  impl_->where = where;
+  impl_->backend = backend;
+  impl_->timeout = timeout;
+  impl_->group = detail::make_group(where, backend, timeout);
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::rank() const noexcept { return impl_->where.rank; }
+int ProcessGroup::size() const noexcept { return impl_->where.world_size; }
+Backend ProcessGroup::backend() const noexcept { return impl_->backend; }
+std::chrono::milliseconds ProcessGroup::timeout() const noexcept { return impl_->timeout; }
+
+void ProcessGroup::barrier() { detail::barrier(*impl_->group); }
+
+void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  if (root < 0 || root >= size()) throw Error("broadcast from rank " + std::to_string(root) + ", which is not in the group");
+  detail::broadcast(*impl_->group, tensor, root);
+}
+
+void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) { detail::all_reduce(*impl_->group, tensor, op); }
+
+void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& input) {
+  if (!out.is_contiguous() || out.numel() != input.numel() * size() || out.scalar_type() != input.scalar_type()) {
+    throw Error("all_gather: the output must be contiguous, of the input's dtype and " + std::to_string(size()) + " times its size");
+  }
+  detail::all_gather(*impl_->group, out, input);
+}
+
+void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& input, ReduceOp op) {
+  if (!out.is_contiguous() || out.numel() * size() != input.numel() || out.scalar_type() != input.scalar_type()) {
+    throw Error("reduce_scatter: the output must be contiguous, of the input's dtype and 1/" + std::to_string(size()) + " of its size");
+  }
+  detail::reduce_scatter(*impl_->group, out, input, op);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: Apache-2.0
+// libfsdp's process group across real processes. Without arguments this binary runs every case:
+// it re-executes itself as the ranks of each case (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set
+// as torchrun sets them) and checks their exit statuses. `test_process_group rank CASE` is one
+// rank of CASE. Prints "N passed, N failed".
+#include <ATen/ATen.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fsdp/process_group.hpp"
+
+namespace {
+
+int failures = 0;
+#define EXPECT(cond)                                                                                  \
+  do {                                                                                                \
+    if (!(cond)) {                                                                                    \
+      std::cerr << "rank " << std::getenv("RANK") << ": " << __LINE__ << ": expected " #cond "\n"; \
+      ++failures;                                                                                     \
+    }                                                                                                 \
+  } while (0)
+
+std::map<std::string, std::string> environment() {
+  std::map<std::string, std::string> env;
+  for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+    if (const char* v = std::getenv(k)) env[k] = v;
+  }
+  return env;
+}
+
+fsdp::ProcessGroup group(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  return fsdp::ProcessGroup(*fsdp::Rendezvous::from_environment(environment()), fsdp::Backend::kGloo, timeout);
+}
+
+// Every collective at once, checked against its closed form.
+int collectives() {
+  auto pg = group();
+  const int r = pg.rank(), w = pg.size();
+  pg.barrier();
+  at::Tensor t = at::full({4}, static_cast<double>(r + 1), at::kFloat);
+  pg.all_reduce(t);
+  EXPECT(t.equal(at::full({4}, w * (w + 1) / 2.0, at::kFloat)));
+  t = at::full({3}, static_cast<double>(r + 1), at::kFloat);
+  pg.all_reduce(t, fsdp::ReduceOp::kAvg);
+  EXPECT(t.allclose(at::full({3}, (w + 1) / 2.0, at::kFloat)));
+  t = at::full({2}, static_cast<double>(r), at::kDouble);
+  pg.all_reduce(t, fsdp::ReduceOp::kMax);
+  EXPECT(t.equal(at::full({2}, w - 1.0, at::kDouble)));
+  at::Tensor b = r == 1 ? at::arange(5, at::kLong) : at::zeros({5}, at::kLong);
+  pg.broadcast(b, 1);
+  EXPECT(b.equal(at::arange(5, at::kLong)));
+  // all_gather: bf16 pieces of 3 in rank order
+  at::Tensor piece = at::full({3}, static_cast<double>(r), at::kBFloat16);
+  at::Tensor all = at::empty({3 * w}, at::kBFloat16);
+  pg.all_gather(all, piece);
+  for (int k = 0; k < w; ++k) EXPECT(all.narrow(0, 3 * k, 3).equal(at::full({3}, static_cast<double>(k), at::kBFloat16)));
+  // reduce_scatter: input i*w + j from rank r is r + 10 * (i*w + j); this rank keeps slice r
+  at::Tensor in = at::arange(2 * w, at::kFloat) * 10 + r;
+  at::Tensor out = at::empty({2}, at::kFloat);
+  pg.reduce_scatter(out, in);
+  at::Tensor want = (at::arange(2 * w, at::kFloat) * 10 * w + w * (w - 1) / 2.0).narrow(0, 2 * r, 2);
+  EXPECT(out.equal(want));
+  // bfloat16, which Gloo lacks: broadcast and reductions too (sums exact in bf16 here)
+  at::Tensor h = at::full({4}, static_cast<double>(r + 1), at::kBFloat16);
+  pg.all_reduce(h);
+  EXPECT(h.equal(at::full({4}, w * (w + 1) / 2.0, at::kBFloat16)));
+  at::Tensor hb = r == 0 ? at::arange(4, at::kFloat).to(at::kBFloat16) : at::zeros({4}, at::kBFloat16);
+  pg.broadcast(hb, 0);
+  EXPECT(hb.equal(at::arange(4, at::kFloat).to(at::kBFloat16)));
+  at::Tensor hs = at::empty({2}, at::kBFloat16);
+  pg.reduce_scatter(hs, (at::arange(2 * w, at::kFloat) + r).to(at::kBFloat16));
+  EXPECT(hs.equal((at::arange(2 * w, at::kFloat) * w + w * (w - 1) / 2.0).narrow(0, 2 * r, 2).to(at::kBFloat16)));
+  pg.barrier();
+  return failures ? 1 : 0;
+}
+
+// Rank 1 never comes: rank 0 must fail within its timeout, saying who it waited for.
+int missing_rank() {
+  if (std::atoi(std::getenv("RANK")) == 1) return 0;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto pg = group(std::chrono::seconds(2));
+    std::cerr << "rank 0: the group formed without rank 1\n";
+    return 1;
+  } catch (const fsdp::Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cerr << "rank 0 (expected): " << e.what() << "\n";
+    EXPECT(std::string(e.what()).find("did not all meet") != std::string::npos);
+    EXPECT(s < 15);
+  }
+  return failures ? 1 : 0;
+}
+
+// Rank 1 dies after the group formed: rank 0's next collective fails within the timeout.
+int rank_dies() {
+  auto pg = group(std::chrono::seconds(3));
+  pg.barrier();
+  if (pg.rank() == 1) std::_Exit(0);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    at::Tensor t = at::ones({1024});
+    pg.all_reduce(t);
+    std::cerr << "rank 0: all_reduce succeeded without rank 1\n";
+    return 1;
+  } catch (const fsdp::Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cerr << "rank 0 (expected): " << e.what() << "\n";
+    EXPECT(std::string(e.what()).find("rank 0 of 2: all_reduce failed") != std::string::npos);
+    EXPECT(s < 15);
+  }
+  return failures ? 1 : 0;
+}
+
+int environment_parsing() {
+  using fsdp::Rendezvous;
+  EXPECT(!Rendezvous::from_environment({}).has_value());
+  auto t = Rendezvous::from_environment({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "1234"}});
+  EXPECT(t && t->rank == 3 && t->world_size == 8 && t->local_rank == 1 && t->master_addr == "n1" && t->master_port == 1234);
+  auto s = Rendezvous::from_environment({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_NODELIST", "gpu[007-009,12],cpu1"}});
+  EXPECT(s && s->rank == 5 && s->world_size == 6 && s->local_rank == 1 && s->master_addr == "gpu007" && s->master_port == 29500);
+  EXPECT(fsdp::first_slurm_host("node1,node2") == "node1");
+  EXPECT(fsdp::first_slurm_host("a[1-4]") == "a1");
+  bool threw = false;
+  try {
+    Rendezvous::from_environment({{"RANK", "2"}, {"WORLD_SIZE", "2"}});
+  } catch (const fsdp::Error&) {
+    threw = true;
+  }
+  EXPECT(threw);
+  threw = false;
+  try {
+    fsdp::backend_from_string("mpi");
+  } catch (const fsdp::Error&) {
+    threw = true;
+  }
+  EXPECT(threw);
+  return failures ? 1 : 0;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Runs CASE as `world` ranks of this binary; true when every rank exits 0.
+bool launch(const char* self, const std::string& name, int world) {
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::execl(self, self, "rank", name.c_str(), static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, std::function<int()>> cases{
+      {"collectives", collectives}, {"missing_rank", missing_rank}, {"rank_dies", rank_dies}, {"environment", environment_parsing}};
+  if (argc == 3 && std::string(argv[1]) == "rank") {
+    try {
+      return cases.at(argv[2])();
+    } catch (const std::exception& e) {
+      std::cerr << "rank " << std::getenv("RANK") << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+  int passed = 0, failed = 0;
+  for (const auto& [name, world] : std::vector<std::pair<std::string, int>>{
+           {"environment", 1}, {"collectives", 2}, {"collectives", 3}, {"missing_rank", 2}, {"rank_dies", 2}}) {
+    const bool ok = launch("/proc/self/exe", name, world);
+    std::cout << (ok ? "ok   " : "FAIL ") << name << " (" << world << " ranks)\n";
+    (ok ? passed : failed)++;
+  }
+  std::cout << passed << " passed, " << failed << " failed\n";
+  return failed ? 1 : 0;
+}
