@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fully sharded data parallelism over a torch::nn::Sequential (DESIGN.md "libfsdp"): each child
+// with parameters is one FSDP unit. A unit's parameters are flattened into one buffer, padded to a
+// multiple of the group size, and each rank keeps its slice: the leaf the optimizer steps. Before a
+// unit runs forward its parameters are all-gathered into the module (the module's own Parameters
+// are pointed at views of the gathered buffer); FULL_SHARD frees them after forward and gathers
+// them again when the unit's backward starts (a hook on its output), SHARD_GRAD_OP keeps them
+// until backward ends, NO_SHARD never shards (every rank holds everything, gradients are
+// all-reduced, as DDP). backward() runs the loss's backward, then reduce-scatters each unit's
+// gradients (their average over ranks) into its slice's grad.
+#pragma once
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/process_group.hpp"
+
+namespace fsdp {
+
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard };
+std::string_view to_string(ShardingStrategy s) noexcept;
+/// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD" (HYBRID_SHARD is not implemented yet); throws fsdp::Error.
+ShardingStrategy sharding_strategy_from_string(std::string_view name);
+
+/// One unit: the parameters of one module, flattened and sharded.
+class FlatUnit {
+ public:
+  struct Param {
+    std::string fqn;              ///< as the module's named_parameters() gives it, under the unit's prefix
+    torch::Tensor tensor;         ///< the module's own Parameter
+    std::vector<std::int64_t> shape;
+    std::int64_t offset = 0, numel = 0;  ///< in the flat buffer
+  };
+
+  /// Flattens `module`'s parameters; rank 0's values are broadcast so that every rank starts equal.
+  FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy);
+
+  /// Points the module's parameters at the full values (all-gathered unless already there).
+  void gather();
+  /// Frees the full values (not with NO_SHARD).
+  void release();
+  /// The module's gradients, averaged over ranks, into shard().grad() (this rank's slice); the
+  /// module's own gradients are cleared.
+  void reduce_gradients();
+
+  /// The optimizer's parameter: this rank's slice (NO_SHARD: all of it).
+  torch::Tensor& shard() noexcept { return shard_; }
+  const std::vector<Param>& params() const noexcept { return params_; }
+  bool gathered() const noexcept { return full_.defined(); }
+  std::int64_t padded_numel() const noexcept { return padded_; }
+
+ private:
+  ProcessGroup& group_;
+  ShardingStrategy strategy_;
+  std::vector<Param> params_;
+  std::int64_t total_ = 0, padded_ = 0;
+  torch::Tensor shard_, full_;
+};
+
+class FullyShardedSequential {
+ public:
+  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy);
+
+  /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
+  torch::Tensor forward(torch::Tensor input);
+  /// loss.backward(), then every unit's gradients reduce-scattered into its shard.
+  void backward(const torch::Tensor& loss);
+  /// The shards: what the optimizer steps.
+  std::vector<torch::Tensor> parameters();
+  /// Every parameter's full value by FQN, in the model's order (gathered from every rank; a
+  /// collective, so every rank calls it).
+  std::vector<std::pair<std::string, torch::Tensor>> full_state_dict();
+
+  ShardingStrategy strategy() const noexcept { return strategy_; }
+  const std::vector<std::unique_ptr<FlatUnit>>& units() const noexcept { return units_; }
+
+ private:
+  torch::nn::Sequential model_;
+  ProcessGroup& group_;
+  ShardingStrategy strategy_;
+  std::vector<std::unique_ptr<FlatUnit>> units_;  ///< one per child with parameters (nullptr otherwise)
+};
+
+}  // namespace fsdp

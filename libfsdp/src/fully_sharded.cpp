@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp/fully_sharded.hpp"
+
+#include <torch/torch.h>
+
+namespace fsdp {
+
+std::string_view to_string(ShardingStrategy s) noexcept {
+  switch (s) {
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+  }
+  return "FULL_SHARD";
+}
+
+ShardingStrategy sharding_strategy_from_string(std::string_view name) {
+  if (name == "FULL_SHARD") return ShardingStrategy::kFullShard;
+  if (name == "SHARD_GRAD_OP") return ShardingStrategy::kShardGradOp;
+  if (name == "NO_SHARD") return ShardingStrategy::kNoShard;
+  throw Error("unknown sharding strategy '" + std::string(name) + "' (FULL_SHARD, SHARD_GRAD_OP or NO_SHARD)");
+}
+
+FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy)
+    : group_(group), strategy_(strategy) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flat;
+  const auto named = module.named_parameters(/*recurse=*/true);
+  if (named.is_empty()) throw Error("unit '" + prefix + "' has no parameters");
+  const c10::ScalarType dtype = named[0].value().scalar_type();
+  for (auto& item : named) {
+    torch::Tensor p = item.value();
+    if (p.scalar_type() != dtype) throw Error("unit '" + prefix + "' mixes parameter dtypes; flatten needs one dtype");
+    params_.push_back({prefix.empty() ? item.key() : prefix + "." + item.key(), p, p.sizes().vec(), total_, p.numel()});
+    total_ += p.numel();
+    flat.push_back(p.detach().reshape({-1}));
+  }
+  const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : group_.size();
+  padded_ = (total_ + world - 1) / world * world;
+  torch::Tensor full = torch::zeros({padded_}, torch::TensorOptions().dtype(dtype));
+  full.narrow(0, 0, total_).copy_(torch::cat(flat));
+  group_.broadcast(full, 0);  // every rank starts from rank 0's values
+  const std::int64_t n = padded_ / world;
+  const std::int64_t rank = strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank();
+  shard_ = full.narrow(0, rank * n, n).clone().set_requires_grad(true);
+  if (strategy_ == ShardingStrategy::kNoShard) {
+    gather();  // the module computes with views of the very tensor the optimizer steps
+  } else {
+    for (Param& p : params_) p.tensor.set_data(torch::empty({0}, shard_.options().requires_grad(false)));
+  }
+}
+
+void FlatUnit::gather() {
+  if (full_.defined()) return;
+  torch::NoGradGuard no_grad;
+  if (strategy_ == ShardingStrategy::kNoShard) {
+    full_ = shard_.detach();
+  } else {
+    full_ = torch::empty({padded_}, shard_.options().requires_grad(false));
+    group_.all_gather(full_, shard_.detach());
+  }
+  for (Param& p : params_) p.tensor.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
+}
+
+void FlatUnit::release() {
+  if (strategy_ == ShardingStrategy::kNoShard || !full_.defined()) return;
+  // The Parameters keep their identity (autograd's saved references see the next gather) but no
+  // storage of their own.
+  for (Param& p : params_) p.tensor.set_data(torch::empty({0}, shard_.options().requires_grad(false)));
+  full_ = torch::Tensor();
+}
+
+void FlatUnit::reduce_gradients() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor grads = torch::zeros({padded_}, shard_.options().requires_grad(false));
+  for (Param& p : params_) {
+    if (p.tensor.grad().defined()) grads.narrow(0, p.offset, p.numel).copy_(p.tensor.grad().reshape({-1}));
+    p.tensor.mutable_grad() = torch::Tensor();
+  }
+  torch::Tensor mine = torch::empty({shard_.numel()}, grads.options());
+  if (strategy_ == ShardingStrategy::kNoShard) {
+    group_.all_reduce(grads, ReduceOp::kAvg);
+    mine = grads;
+  } else {
+    group_.reduce_scatter(mine, grads, ReduceOp::kAvg);
+  }
+  if (shard_.grad().defined()) shard_.mutable_grad().add_(mine);  // accumulation across backward calls
+  else shard_.mutable_grad() = mine;
+}
+
+FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy)
+    : model_(std::move(model)), group_(group), strategy_(strategy) {
+  const auto children = model_->named_children();
+  for (const auto& child : children) {
+    const bool has_params = !child.value()->parameters(true).empty();
+    units_.push_back(has_params ? std::make_unique<FlatUnit>(child.key(), *child.value(), group_, strategy_) : nullptr);
+  }
+}
+
+torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
+  std::size_t i = 0;
+  for (torch::nn::AnyModule& child : *model_) {
+    FlatUnit* unit = units_[i++].get();
+    if (unit) unit->gather();
+    x = child.forward(x);
+    if (unit && strategy_ == ShardingStrategy::kFullShard) {
+      unit->release();
+      // Gathered again when this unit's backward starts: the gradient of its output arrives.
+      if (x.requires_grad()) {
+        x.register_hook([unit](torch::Tensor g) {
+          unit->gather();
+          return g;
+        });
+      }
+    }
+  }
+  return x;
+}
+
+void FullyShardedSequential::backward(const torch::Tensor& loss) {
+  loss.backward();
+  for (auto& unit : units_) {
+    if (!unit) continue;
+    unit->reduce_gradients();
+    unit->release();
+  }
+}
+
+std::vector<torch::Tensor> FullyShardedSequential::parameters() {
+  std::vector<torch::Tensor> out;
+  for (auto& unit : units_) {
+    if (unit) out.push_back(unit->shard());
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_state_dict() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  torch::NoGradGuard no_grad;
+  for (auto& unit : units_) {
+    if (!unit) continue;
+    const bool was = unit->gathered();
+    unit->gather();
+    for (const auto& p : unit->params()) out.emplace_back(p.fqn, p.tensor.detach().clone());
+    if (!was) unit->release();
+  }
+  return out;
+}
+
+}  // namespace fsdp
