@@ -4,18 +4,19 @@
 // (each rank takes its contiguous part of the global batch), must end with the parameters that
 // one process training on the whole batch ends with, within float tolerance. Like
 // test_process_group, the binary runs itself as the ranks of each case.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <string>
 
+#include "ckpt/io.hpp"
+#include "ckpt/torch_save.hpp"
+#include "fsdp/checkpoint.hpp"
 #include "fsdp/fully_sharded.hpp"
+#include "launch.hpp"
 
 namespace {
 
@@ -77,6 +78,7 @@ int rank_main(const std::string& strategy) {
       }
     }
   }
+  if (const char* dir = std::getenv("FSDP_TEST_SAVE_DIR")) fsdp::save_sharded(dir, m, pg);
   const auto got = m.full_state_dict();
   const auto want = reference();
   int bad = 0;
@@ -91,41 +93,6 @@ int rank_main(const std::string& strategy) {
   return bad;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-bool launch(const std::string& strategy, int world) {
-  const std::string port = std::to_string(free_port());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", port.c_str(), 1);
-      ::execl("/proc/self/exe", "test_fully_sharded", "rank", strategy.c_str(), static_cast<char*>(nullptr));
-      std::_Exit(127);
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  return ok;
-}
 
 }  // namespace
 
@@ -139,10 +106,21 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (argc == 3 && std::string(argv[1]) == "save") {
+    // For the PyTorch interop test: sharded checkpoints at world size 2 and 3, and the reference.
+    const std::string out = argv[2];
+    save_reference(out + "/reference.pt");
+    bool ok = true;
+    for (const auto& [strategy, world] : std::vector<std::pair<std::string, int>>{{"FULL_SHARD", 2}, {"SHARD_GRAD_OP", 3}}) {
+      ::setenv("FSDP_TEST_SAVE_DIR", (out + "/" + strategy + "_w" + std::to_string(world)).c_str(), 1);
+      ok = fsdp_test::launch_ranks(strategy, world) && ok;
+    }
+    return ok ? 0 : 1;
+  }
   int passed = 0, failed = 0;
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}) {
     for (int world : {2, 3}) {
-      const bool ok = launch(strategy, world);
+      const bool ok = fsdp_test::launch_ranks(strategy, world);
       std::cout << (ok ? "ok   " : "FAIL ") << strategy << " at world size " << world << " equals single-process training\n";
       (ok ? passed : failed)++;
     }

@@ -4,10 +4,6 @@
 // as torchrun sets them) and checks their exit statuses. `test_process_group rank CASE` is one
 // rank of CASE. Prints "N passed, N failed".
 #include <ATen/ATen.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -20,6 +16,7 @@
 #include <vector>
 
 #include "fsdp/process_group.hpp"
+#include "launch.hpp"
 
 namespace {
 
@@ -149,42 +146,6 @@ int environment_parsing() {
   return failures ? 1 : 0;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Runs CASE as `world` ranks of this binary; true when every rank exits 0.
-bool launch(const char* self, const std::string& name, int world) {
-  const std::string port = std::to_string(free_port());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", port.c_str(), 1);
-      ::execl(self, self, "rank", name.c_str(), static_cast<char*>(nullptr));
-      std::_Exit(127);
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  return ok;
-}
 
 }  // namespace
 
@@ -202,7 +163,7 @@ int main(int argc, char** argv) {
   int passed = 0, failed = 0;
   for (const auto& [name, world] : std::vector<std::pair<std::string, int>>{
            {"environment", 1}, {"collectives", 2}, {"collectives", 3}, {"missing_rank", 2}, {"rank_dies", 2}}) {
-    const bool ok = launch("/proc/self/exe", name, world);
+    const bool ok = fsdp_test::launch_ranks(name, world);
     std::cout << (ok ? "ok   " : "FAIL ") << name << " (" << world << " ranks)\n";
     (ok ? passed : failed)++;
   }

@@ -84,4 +84,14 @@ struct DcpWriteOptions {
 void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
                const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options);
 
+/// A save shared by `options.world_size` processes (libfsdp's): every process describes the whole
+/// checkpoint alike, but only the chunks of its own `rank` need their data. Each writes its files
+/// with write_dcp_rank_files; then, once every rank has (a barrier), one process writes `.metadata`
+/// with write_dcp_metadata, which refuses while a data file is missing or short. Item offsets
+/// follow from the plan, so no process sends another anything; uncompressed only.
+void write_dcp_rank_files(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
+                          const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options, int rank);
+void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
+                        const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options);
+
 }  // namespace ckpt

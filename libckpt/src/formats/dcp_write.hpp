@@ -95,6 +95,10 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan);
 std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                      const CopyOptions& copy);
 
+/// Where every item of `files` goes when they are written uncompressed: what write_dcp_files
+/// returns, known from the plan alone.
+std::vector<DcpItem> plan_dcp_items(const DcpPlan& plan, std::span<const DcpFilePlan> files);
+
 /// Writes `.metadata` through `.metadata.tmp` and a rename (NOTE [.metadata last]).
 void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items);
 

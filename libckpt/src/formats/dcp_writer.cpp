@@ -380,6 +380,20 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
   return files;
 }
 
+std::vector<DcpItem> plan_dcp_items(const DcpPlan& plan, std::span<const DcpFilePlan> files) {
+  ItemArchives archives(plan.layout);
+  std::vector<DcpItem> items;
+  for (const DcpFilePlan& f : files) {
+    std::uint64_t at = 0;
+    for (const DcpFilePlan::Ref& r : f.items) {
+      const std::uint64_t length = item_bytes(plan, r, archives);
+      items.push_back(item_of(plan, r, f.name, at, length));
+      at += length;
+    }
+  }
+  return items;
+}
+
 std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                      const CopyOptions& copy) {
   return plan.compression == DcpCompression::kZstd ? write_compressed(dir, plan, files, copy) : write_uncompressed(dir, plan, files, copy);
@@ -421,13 +435,13 @@ std::vector<std::byte> bytes_item(const pickle::Value& value, DcpLayout layout,
 
 }  // namespace detail
 
-void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
-               const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options) {
+namespace {
+
+// The plan write_dcp and the per-rank writes share. Chunks of ranks in `data_needed` (all, when
+// empty) must carry their bytes; the others describe the box only.
+detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::vector<DcpWriteObject>& objects,
+                        const DcpWriteOptions& options, std::optional<int> only_rank) {
   if (options.world_size < 1) throw Error(ErrorKind::kInvalidArgument, "world size must be at least 1");
-  std::error_code ec;
-  if (options.overwrite == Overwrite::kNo && std::filesystem::exists(dir / ".metadata", ec)) {
-    throw Error(ErrorKind::kInvalidArgument, dir.string(), std::nullopt, "holds a checkpoint already (use --force to replace it)");
-  }
   detail::DcpPlan plan;
   plan.world_size = options.world_size;
   plan.layout = options.layout;
@@ -438,13 +452,15 @@ void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTenso
     detail::DcpPlanTensor p{t.fqn, position++, t.dtype, t.shape, t.requires_grad, {}};
     for (const DcpWriteChunk& c : t.chunks) {
       const std::uint64_t need = box_volume(c.sizes) * element_size(t.dtype);
-      if (!c.data || c.data->size() != need) {
+      const bool needed = !only_rank || c.rank == *only_rank;
+      if (needed && (!c.data || c.data->size() != need)) {
         throw Error(ErrorKind::kInvalidArgument, "tensor '" + t.fqn + "': chunk data holds " +
                                                      (c.data ? std::to_string(c.data->size()) : std::string("no")) +
                                                      " bytes, its box needs " + std::to_string(need));
       }
       p.chunks.push_back({c.rank, c.offsets, c.sizes, [data = c.data](std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group,
                                                                         std::uint64_t max_task) {
+                            if (!data) internal_error("write_dcp: a chunk of another rank was to be written");
                             add_range_tasks(tasks, data, 0, data->size(), base, group, max_task);
                           }});
     }
@@ -454,10 +470,62 @@ void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTenso
     plan.objects.push_back({o.fqn, position++, o.rank, memory_source(detail::bytes_item(*o.value, options.layout), o.fqn)});
   }
   detail::validate_dcp_plan(plan);
+  return plan;
+}
+
+void create_dir(const std::filesystem::path& dir) {
+  std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(ErrorKind::kIo, dir.string(), std::nullopt, "cannot create the directory: " + ec.message());
+}
+
+}  // namespace
+
+void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
+               const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options) {
+  std::error_code ec;
+  if (options.overwrite == Overwrite::kNo && std::filesystem::exists(dir / ".metadata", ec)) {
+    throw Error(ErrorKind::kInvalidArgument, dir.string(), std::nullopt, "holds a checkpoint already (use --force to replace it)");
+  }
+  const detail::DcpPlan plan = plan_of(tensors, objects, options, std::nullopt);
+  create_dir(dir);
   const std::vector<detail::DcpFilePlan> files = detail::plan_dcp_files(plan);
   const std::vector<detail::DcpItem> items = detail::write_dcp_files(dir, plan, files, {});
+  detail::write_dcp_metadata(dir, plan, items);
+}
+
+void write_dcp_rank_files(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
+                          const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options, int rank) {
+  if (options.compression != DcpCompression::kNone) {
+    throw Error(ErrorKind::kUnsupported, "a save shared by several processes is written uncompressed (the item offsets must follow from the plan)");
+  }
+  if (rank < 0 || rank >= options.world_size) throw Error(ErrorKind::kInvalidArgument, "rank " + std::to_string(rank) + " is not in the world");
+  const detail::DcpPlan plan = plan_of(tensors, objects, options, rank);
+  create_dir(dir);
+  std::vector<detail::DcpFilePlan> mine;
+  for (detail::DcpFilePlan& f : detail::plan_dcp_files(plan)) {
+    if (f.rank == rank) mine.push_back(std::move(f));
+  }
+  detail::write_dcp_files(dir, plan, mine, {});
+}
+
+void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
+                        const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options) {
+  if (options.compression != DcpCompression::kNone) {
+    throw Error(ErrorKind::kUnsupported, "a save shared by several processes is written uncompressed (the item offsets must follow from the plan)");
+  }
+  const detail::DcpPlan plan = plan_of(tensors, objects, options, -1);
+  const std::vector<detail::DcpFilePlan> files = detail::plan_dcp_files(plan);
+  const std::vector<detail::DcpItem> items = detail::plan_dcp_items(plan, files);
+  // Every data file must be there, whole, before .metadata makes the directory a checkpoint.
+  for (const detail::DcpFilePlan& f : files) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir / f.name, ec);
+    if (ec || size != f.size) {
+      throw Error(ErrorKind::kIo, (dir / f.name).string(), std::nullopt,
+                  ec ? "is missing: a rank has not written its files" : "holds " + std::to_string(size) + " bytes, the plan says " + std::to_string(f.size));
+    }
+  }
   detail::write_dcp_metadata(dir, plan, items);
 }
 
