@@ -94,6 +94,21 @@ int rank_main(const std::string& strategy) {
 }
 
 
+// The reference parameters as a torch.save file of {fqn: tensor} (libckpt's writer).
+void save_reference(const std::string& path) {
+  ckpt::TorchSaveBuilder b;
+  std::vector<std::pair<ckpt::pickle::ValuePtr, ckpt::pickle::ValuePtr>> items;
+  for (const auto& [name, t] : reference()) {
+    std::vector<std::byte> bytes(static_cast<std::size_t>(t.numel()) * sizeof(float));
+    std::memcpy(bytes.data(), t.contiguous().data_ptr<float>(), bytes.size());
+    const std::size_t st = b.add_storage(ckpt::DType::kFloat32, ckpt::memory_source(std::move(bytes)));
+    items.emplace_back(ckpt::pickle::make_str(name), b.tensor(st, t.sizes().vec()));
+  }
+  auto sink = ckpt::open_file_sink(path, ckpt::Overwrite::kYes);
+  b.write(*sink, *ckpt::pickle::make_dict(std::move(items)));
+  sink->commit();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
