@@ -4,7 +4,9 @@
 
 #include <cstring>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/dcp.hpp"
+#include "ckpt/sharding.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/ops/shard.hpp"
 #include "fsdp/checkpoint.hpp"
@@ -23,6 +25,20 @@ ckpt::DType to_ckpt(c10::ScalarType t) {
     case c10::ScalarType::Bool: return ckpt::DType::kBool;
     case c10::ScalarType::Byte: return ckpt::DType::kUInt8;
     default: throw Error(std::string("cannot save a tensor of dtype ") + c10::toString(t));
+  }
+}
+
+c10::ScalarType from_ckpt(ckpt::DType t, const std::string& what) {
+  switch (t) {
+    case ckpt::DType::kFloat32: return c10::ScalarType::Float;
+    case ckpt::DType::kFloat64: return c10::ScalarType::Double;
+    case ckpt::DType::kFloat16: return c10::ScalarType::Half;
+    case ckpt::DType::kBFloat16: return c10::ScalarType::BFloat16;
+    case ckpt::DType::kInt64: return c10::ScalarType::Long;
+    case ckpt::DType::kInt32: return c10::ScalarType::Int;
+    case ckpt::DType::kBool: return c10::ScalarType::Bool;
+    case ckpt::DType::kUInt8: return c10::ScalarType::Byte;
+    default: throw Error(what + " is " + std::string(ckpt::name(t)) + ", which cannot be loaded into a model here");
   }
 }
 
@@ -76,6 +92,44 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   } catch (const ckpt::Error& e) {
     throw Error("rank " + std::to_string(rank) + ": saving " + dir.string() + ": " + e.what());
   }
+}
+
+void load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const std::string& key) {
+  const std::string who = "rank " + std::to_string(group.rank()) + ": loading " + dir.string();
+  try {
+    const ckpt::Checkpoint c = ckpt::open_checkpoint(dir);
+    const ckpt::ChunkReader reader(c, ckpt::FileAccess::kRead);
+    torch::NoGradGuard no_grad;
+    for (const auto& unit : model.units()) {
+      if (!unit) continue;
+      std::vector<torch::Tensor> values;
+      for (const auto& p : unit->params()) {
+        const ckpt::TensorEntry* t = c.find_tensor(key + "." + p.fqn);
+        if (!t) throw Error(who + ": it has no '" + key + "." + p.fqn + "'");
+        if (t->shape != p.shape) throw Error(who + ": '" + t->name + "' has shape of " + std::to_string(t->shape.size()) + " dims other than the model's");
+        const c10::ScalarType dtype = from_ckpt(t->dtype, who + ": '" + t->name + "'");
+        torch::Tensor full = torch::empty(t->shape, torch::TensorOptions().dtype(dtype));
+        for (const ckpt::Chunk& chunk : t->chunks) {
+          if (ckpt::box_volume(chunk.sizes) == 0) continue;
+          const ckpt::ChunkData d = reader.read(*t, chunk);
+          // The chunk's elements as a strided view over its bytes, copied into its box.
+          std::int64_t last = d.storage_offset;
+          for (std::size_t i = 0; i < d.shape.size(); ++i) last += (d.shape[i] - 1) * d.strides[i];
+          std::vector<std::byte> bytes(static_cast<std::size_t>(last + 1) * ckpt::element_size(t->dtype));
+          d.storage->read_at(0, bytes);
+          torch::Tensor src = torch::from_blob(bytes.data(), {last + 1}, torch::TensorOptions().dtype(dtype)).as_strided(d.shape, d.strides, d.storage_offset);
+          torch::Tensor dst = full;
+          for (std::size_t i = 0; i < chunk.sizes.size(); ++i) dst = dst.narrow(static_cast<std::int64_t>(i), chunk.offsets[i], chunk.sizes[i]);
+          dst.copy_(src);
+        }
+        values.push_back(full);
+      }
+      unit->load_full(values);
+    }
+  } catch (const ckpt::Error& e) {
+    throw Error(who + ": " + e.what());
+  }
+  (void)group;
 }
 
 }  // namespace fsdp

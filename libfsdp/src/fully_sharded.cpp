@@ -88,6 +88,24 @@ void FlatUnit::reduce_gradients() {
   else shard_.mutable_grad() = mine;
 }
 
+void FlatUnit::load_full(const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  if (values.size() != params_.size()) throw Error("load: " + std::to_string(values.size()) + " values for " + std::to_string(params_.size()) + " parameters");
+  release();
+  torch::Tensor flat = torch::zeros({padded_}, shard_.options().requires_grad(false));
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (values[i].sizes().vec() != params_[i].shape) throw Error("load: '" + params_[i].fqn + "' has another shape in the checkpoint");
+    flat.narrow(0, params_[i].offset, params_[i].numel).copy_(values[i].reshape({-1}));
+  }
+  const std::int64_t n = shard_.numel();
+  const std::int64_t rank = strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank();
+  shard_.detach().copy_(flat.narrow(0, rank * n, n));
+  if (strategy_ == ShardingStrategy::kNoShard) {
+    full_ = torch::Tensor();
+    gather();
+  }
+}
+
 FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy)
     : model_(std::move(model)), group_(group), strategy_(strategy) {
   const auto children = model_->named_children();

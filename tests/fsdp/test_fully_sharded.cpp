@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -55,7 +56,12 @@ int rank_main(const std::string& strategy) {
   fsdp::FullyShardedSequential m(model(), pg, fsdp::sharding_strategy_from_string(strategy));
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.1));
   const int per = kBatch / pg.size();
-  for (int s = 0; s < kSteps; ++s) {
+  // A resumed run: steps [from, to) after loading what an earlier run saved (any world size).
+  const char* from_env = std::getenv("FSDP_TEST_FROM_STEP");
+  const char* to_env = std::getenv("FSDP_TEST_TO_STEP");
+  const int from = from_env ? std::atoi(from_env) : 0, to = to_env ? std::atoi(to_env) : kSteps;
+  if (const char* dir = std::getenv("FSDP_TEST_LOAD_DIR")) fsdp::load_sharded(dir, m, pg);
+  for (int s = from; s < to; ++s) {
     auto [x, y] = batch(s);
     opt.zero_grad();
     auto out = m.forward(x.narrow(0, pg.rank() * per, per));
@@ -79,6 +85,7 @@ int rank_main(const std::string& strategy) {
     }
   }
   if (const char* dir = std::getenv("FSDP_TEST_SAVE_DIR")) fsdp::save_sharded(dir, m, pg);
+  if (to != kSteps) return 0;  // the first half of a resumed run: nothing to compare yet
   const auto got = m.full_state_dict();
   const auto want = reference();
   int bad = 0;
@@ -133,6 +140,25 @@ int main(int argc, char** argv) {
     return ok ? 0 : 1;
   }
   int passed = 0, failed = 0;
+  {
+    // Resume at another world size: 3 steps at world size 2 (FULL_SHARD), saved; loaded at world
+    // size 3 (SHARD_GRAD_OP) for the last 2 steps; equal to 5 single-process steps.
+    char tmpl[] = "/tmp/fsdp-resume-XXXXXX";
+    const std::string dir = std::string(::mkdtemp(tmpl)) + "/ckpt";
+    ::setenv("FSDP_TEST_TO_STEP", "3", 1);
+    ::setenv("FSDP_TEST_SAVE_DIR", dir.c_str(), 1);
+    bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
+    ::unsetenv("FSDP_TEST_SAVE_DIR");
+    ::unsetenv("FSDP_TEST_TO_STEP");
+    ::setenv("FSDP_TEST_FROM_STEP", "3", 1);
+    ::setenv("FSDP_TEST_LOAD_DIR", dir.c_str(), 1);
+    ok = ok && fsdp_test::launch_ranks("SHARD_GRAD_OP", 3);
+    ::unsetenv("FSDP_TEST_FROM_STEP");
+    ::unsetenv("FSDP_TEST_LOAD_DIR");
+    std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
+    std::cout << (ok ? "ok   " : "FAIL ") << "3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps\n";
+    (ok ? passed : failed)++;
+  }
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}) {
     for (int world : {2, 3}) {
       const bool ok = fsdp_test::launch_ranks(strategy, world);

@@ -18,4 +18,11 @@ namespace fsdp {
 /// a barrier rank 0 writes .metadata last. A collective: every rank calls it. Throws fsdp::Error.
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const std::string& key = "model");
 
+/// Loads `model`'s parameters from a DCP directory (ours or PyTorch's) written at any world size:
+/// each parameter `<key>.<parameter>` is assembled from whatever chunks hold it and this rank
+/// keeps its slice of each unit. Every parameter must be there with its shape; a dtype that differs
+/// is cast as copy_ casts. Throws fsdp::Error naming the file and what is wrong. Collective-free
+/// (each rank reads for itself), but every rank must call it before the next forward.
+void load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const std::string& key = "model");
+
 }  // namespace fsdp

@@ -46,6 +46,9 @@ class FlatUnit {
   /// The module's gradients, averaged over ranks, into shard().grad() (this rank's slice); the
   /// module's own gradients are cleared.
   void reduce_gradients();
+  /// Sets every parameter's full value (`values[i]` for params()[i], any world size's
+  /// checkpoint); this rank keeps its slice. The full values are released.
+  void load_full(const std::vector<torch::Tensor>& values);
 
   /// The optimizer's parameter: this rank's slice (NO_SHARD: all of it).
   torch::Tensor& shard() noexcept { return shard_; }
