@@ -85,6 +85,12 @@ unsigned test_hooks_from_environment() {
   return delay ? static_cast<unsigned>(std::atoi(delay)) : 0;
 }
 
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
 std::vector<std::string> float_dtype_names() {
   return {"bf16", "bfloat16", "fp16", "float16", "half", "fp32", "float32", "float", "fp64", "float64", "double"};
 }

@@ -55,6 +55,9 @@ std::optional<int> usage_errors(std::string_view program, const std::function<vo
 /// (slow each copy down so that a test can interrupt it), 0 when unset.
 unsigned test_hooks_from_environment();
 
+/// "[2, 3]", as the tools print shapes.
+std::string shape_text(const std::vector<std::int64_t>& shape);
+
 /// --include and --exclude in the order argv gives them (CLI11 keeps each option's values apart).
 std::vector<ckpt::EntryFilter> filters_in_order(int argc, const char* const* argv);
 

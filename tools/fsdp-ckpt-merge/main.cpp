@@ -13,12 +13,6 @@
 
 namespace {
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 void print_json(const ckpt::MergeResult& r, bool dry_run) {
   nlohmann::ordered_json j;
   j["schema"] = 1;
@@ -50,7 +44,7 @@ void print_text(const ckpt::MergeResult& r, bool dry_run) {
     std::cout << "\n";
     for (const auto& e : r.entries) {
       std::cout << "  " << ckpt::escape_name(e.name) << "  " << e.kind;
-      if (e.dtype) std::cout << "  " << ckpt::name(*e.dtype) << "  " << shape_text(e.shape) << "  " << e.nbytes << " bytes";
+      if (e.dtype) std::cout << "  " << ckpt::name(*e.dtype) << "  " << fsdp_tools::shape_text(e.shape) << "  " << e.nbytes << " bytes";
       std::cout << "  -> " << ckpt::escape_name(e.file) << "\n";
     }
     std::cout << "would write:\n";

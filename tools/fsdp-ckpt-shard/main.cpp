@@ -21,12 +21,6 @@ std::string box_text(const ckpt::ShardChunk& c) {
   return out + "]";
 }
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 void print_json(const ckpt::ShardResult& r, bool dry_run) {
   nlohmann::ordered_json j;
   j["schema"] = 1;
@@ -74,7 +68,7 @@ void print_text(const ckpt::ShardResult& r, bool dry_run, const ckpt::ShardOptio
     for (const auto& e : r.entries) {
       std::cout << "  " << ckpt::escape_name(e.name) << "  " << e.kind;
       if (e.dtype) {
-        std::cout << "  " << ckpt::name(*e.dtype) << "  " << shape_text(e.shape) << "  " << e.chunks.size()
+        std::cout << "  " << ckpt::name(*e.dtype) << "  " << fsdp_tools::shape_text(e.shape) << "  " << e.chunks.size()
                   << (e.chunks.size() == 1 ? " chunk:" : " chunks:");
         for (const auto& c : e.chunks) std::cout << " " << box_text(c);
       } else if (e.kind == "object") {
