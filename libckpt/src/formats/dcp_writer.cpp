@@ -13,8 +13,8 @@
 
 #include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
-#include "ckpt/test_hooks.hpp"
 #include "ckpt/sharding.hpp"
+#include "ckpt/test_hooks.hpp"
 #include "ckpt/torch_save.hpp"
 #include "formats/archive_plan.hpp"
 #include "formats/dcp_write.hpp"

@@ -3,8 +3,6 @@
 // a plan whose chunks are assembled from the input's chunks, and commit (see ckpt/ops/shard.hpp).
 #include "ckpt/ops/shard.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <deque>
 #include <fstream>
