@@ -3,12 +3,15 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/dcp.hpp"
 #include "ckpt/sharding.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/ops/shard.hpp"
+#include "ckpt/torch_save.hpp"
 #include "fsdp/checkpoint.hpp"
 
 namespace fsdp {
@@ -49,34 +52,125 @@ ckpt::SourcePtr bytes_of(const torch::Tensor& t) {
   return ckpt::memory_source(std::move(b));
 }
 
+/// One tensor of the state dict, full on every rank, written as FSDP writes it: chunked on dim 0
+/// (torch.chunk), rank r writing piece r; a 0-d tensor once, by rank 0.
+ckpt::DcpWriteTensor chunked(const std::string& fqn, const torch::Tensor& t, int rank, int world) {
+  ckpt::DcpWriteTensor w;
+  w.fqn = fqn;
+  w.dtype = to_ckpt(t.scalar_type());
+  w.shape = t.sizes().vec();
+  if (w.shape.empty()) {
+    w.chunks.push_back({0, {}, {}, rank == 0 ? bytes_of(t) : nullptr});
+    return w;
+  }
+  const auto pieces = ckpt::chunk_pieces(w.shape[0], world);
+  for (std::size_t r = 0; r < pieces.size(); ++r) {
+    std::vector<std::int64_t> offsets(w.shape.size(), 0), sizes = w.shape;
+    offsets[0] = pieces[r].first;
+    sizes[0] = pieces[r].second;
+    const bool mine = static_cast<int>(r) == rank;
+    w.chunks.push_back({static_cast<int>(r), offsets, sizes, mine ? bytes_of(t.narrow(0, pieces[r].first, pieces[r].second)) : nullptr});
+  }
+  return w;
+}
+
+std::vector<ckpt::pickle::ValuePtr> path_of(std::initializer_list<std::string> keys) {
+  std::vector<ckpt::pickle::ValuePtr> out;
+  for (const auto& k : keys) out.push_back(ckpt::pickle::make_str(k));
+  return out;
+}
+
+/// torch.optim's param_groups entry for the one group, with the parameters named by FQN as FSDP's
+/// optim_state_dict names them.
+ckpt::pickle::ValuePtr param_groups(const ShardedOptimizer& optimizer, const std::vector<std::string>& fqns) {
+  namespace pk = ckpt::pickle;
+  const OptimizerOptions& o = optimizer.options();
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> g;
+  auto put = [&](const std::string& k, pk::ValuePtr v) { g.emplace_back(pk::make_str(k), std::move(v)); };
+  put("lr", pk::make_float(o.lr));
+  if (o.kind == OptimizerKind::kAdamW) {
+    put("betas", pk::make_tuple({pk::make_float(o.beta1), pk::make_float(o.beta2)}));
+    put("eps", pk::make_float(o.eps));
+    put("weight_decay", pk::make_float(o.weight_decay));
+    put("amsgrad", pk::make_bool(false));
+  } else {
+    put("momentum", pk::make_float(o.momentum));
+    put("dampening", pk::make_int(0));
+    put("weight_decay", pk::make_float(o.weight_decay));
+    put("nesterov", pk::make_bool(false));
+  }
+  put("maximize", pk::make_bool(false));
+  put("foreach", pk::make_none());
+  put("differentiable", pk::make_bool(false));
+  std::vector<pk::ValuePtr> params;
+  for (const auto& f : fqns) params.push_back(pk::make_str(f));
+  put("params", pk::make_list(std::move(params)));
+  return pk::make_list({pk::make_dict(std::move(g))});
+}
+
+/// A tensor of the checkpoint, whole: assembled from every chunk that holds part of it.
+torch::Tensor read_full(const ckpt::Checkpoint& c, const ckpt::ChunkReader& reader, const std::string& fqn,
+                        const std::vector<std::int64_t>& shape, const std::string& who) {
+  const ckpt::TensorEntry* t = c.find_tensor(fqn);
+  if (!t) throw Error(who + ": it has no '" + fqn + "'");
+  if (t->shape != shape) throw Error(who + ": '" + t->name + "' has another shape than the model's");
+  const c10::ScalarType dtype = from_ckpt(t->dtype, who + ": '" + t->name + "'");
+  torch::Tensor full = torch::empty(t->shape, torch::TensorOptions().dtype(dtype));
+  for (const ckpt::Chunk& chunk : t->chunks) {
+    if (ckpt::box_volume(chunk.sizes) == 0) continue;
+    const ckpt::ChunkData d = reader.read(*t, chunk);
+    // The chunk's elements as a strided view over its bytes, copied into its box.
+    std::int64_t last = d.storage_offset;
+    for (std::size_t i = 0; i < d.shape.size(); ++i) last += (d.shape[i] - 1) * d.strides[i];
+    std::vector<std::byte> bytes(static_cast<std::size_t>(last + 1) * ckpt::element_size(t->dtype));
+    d.storage->read_at(0, bytes);
+    torch::Tensor src = torch::from_blob(bytes.data(), {last + 1}, torch::TensorOptions().dtype(dtype)).as_strided(d.shape, d.strides, d.storage_offset);
+    torch::Tensor dst = full;
+    for (std::size_t i = 0; i < chunk.sizes.size(); ++i) dst = dst.narrow(static_cast<std::int64_t>(i), chunk.offsets[i], chunk.sizes[i]);
+    dst.copy_(src);
+  }
+  return full;
+}
+
 }  // namespace
 
-void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const std::string& key) {
+void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
   const int rank = group.rank(), world = group.size();
-  const auto state = model.full_state_dict();  // a collective
   std::vector<ckpt::DcpWriteTensor> tensors;
+  std::vector<ckpt::DcpWriteObject> objects;
   ckpt::DcpWriteOptions options;
   options.world_size = world;
   options.overwrite = ckpt::Overwrite::kYes;
-  for (const auto& [name, t] : state) {
-    ckpt::DcpWriteTensor w;
-    w.fqn = key + "." + name;
-    w.dtype = to_ckpt(t.scalar_type());
-    w.shape = t.sizes().vec();
-    if (w.shape.empty()) {
-      w.chunks.push_back({0, {}, {}, rank == 0 ? bytes_of(t) : nullptr});
-    } else {
-      const auto pieces = ckpt::chunk_pieces(w.shape[0], world);
-      for (std::size_t r = 0; r < pieces.size(); ++r) {
-        std::vector<std::int64_t> offsets(w.shape.size(), 0), sizes = w.shape;
-        offsets[0] = pieces[r].first;
-        sizes[0] = pieces[r].second;
-        const bool mine = static_cast<int>(r) == rank;
-        w.chunks.push_back({static_cast<int>(r), offsets, sizes, mine ? bytes_of(t.narrow(0, pieces[r].first, pieces[r].second)) : nullptr});
+  torch::NoGradGuard no_grad;
+  std::vector<std::string> fqns;
+  for (const auto& [name, t] : model.full_state_dict()) {  // a collective
+    tensors.push_back(chunked(o.model_key + "." + name, t, rank, world));
+    options.planner_data[tensors.back().fqn] = path_of({o.model_key, name});
+    fqns.push_back(name);
+  }
+  if (o.optimizer) {
+    const std::string& key = o.optimizer_key;
+    for (std::size_t u = 0; u < model.units().size(); ++u) {
+      const auto& unit = model.units()[u];
+      if (!unit) continue;
+      std::map<std::string, std::vector<torch::Tensor>> full;  // buffer -> per parameter
+      for (const auto& b : o.optimizer->buffer_names()) full[b] = unit->unflatten(o.optimizer->buffer(u, b));  // collectives
+      for (std::size_t i = 0; i < unit->params().size(); ++i) {
+        const std::string& p = unit->params()[i].fqn;
+        if (o.optimizer->options().kind == OptimizerKind::kAdamW) {
+          const std::string fqn = key + ".state." + p + ".step";
+          tensors.push_back(chunked(fqn, torch::tensor(static_cast<float>(o.optimizer->steps())), rank, world));
+          options.planner_data[fqn] = path_of({key, "state", p, "step"});
+        }
+        for (auto& [b, values] : full) {
+          const std::string fqn = key + ".state." + p + "." + b;
+          tensors.push_back(chunked(fqn, values[i], rank, world));
+          options.planner_data[fqn] = path_of({key, "state", p, b});
+        }
       }
     }
-    options.planner_data[w.fqn] = {ckpt::pickle::make_str(key), ckpt::pickle::make_str(name)};
-    tensors.push_back(std::move(w));
+    objects.push_back({key + ".param_groups", param_groups(*o.optimizer, fqns), 0});
+    options.planner_data[key + ".param_groups"] = path_of({key, "param_groups"});
   }
   try {
     // An older checkpoint here stops being one before any of its files is replaced.
@@ -85,51 +179,53 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
       std::filesystem::remove(dir / ".metadata", ec);
     }
     group.barrier();
-    ckpt::write_dcp_rank_files(dir, tensors, {}, options, rank);
+    ckpt::write_dcp_rank_files(dir, tensors, objects, options, rank);
+    if (rank == 0 && o.meta) {
+      auto sink = ckpt::open_file_sink(dir / "meta.pt", ckpt::Overwrite::kYes);
+      ckpt::TorchSaveBuilder().write(*sink, *o.meta);
+      sink->commit();
+    }
     group.barrier();
-    if (rank == 0) ckpt::write_dcp_metadata(dir, tensors, {}, options);
+    if (rank == 0) ckpt::write_dcp_metadata(dir, tensors, objects, options);
     group.barrier();
   } catch (const ckpt::Error& e) {
     throw Error("rank " + std::to_string(rank) + ": saving " + dir.string() + ": " + e.what());
   }
 }
 
-void load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const std::string& key) {
+ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group,
+                                    const LoadOptions& o) {
   const std::string who = "rank " + std::to_string(group.rank()) + ": loading " + dir.string();
+  ckpt::pickle::ValuePtr meta;
   try {
     const ckpt::Checkpoint c = ckpt::open_checkpoint(dir);
     const ckpt::ChunkReader reader(c, ckpt::FileAccess::kRead);
     torch::NoGradGuard no_grad;
-    for (const auto& unit : model.units()) {
+    std::optional<std::int64_t> steps;
+    for (std::size_t u = 0; u < model.units().size(); ++u) {
+      const auto& unit = model.units()[u];
       if (!unit) continue;
       std::vector<torch::Tensor> values;
-      for (const auto& p : unit->params()) {
-        const ckpt::TensorEntry* t = c.find_tensor(key + "." + p.fqn);
-        if (!t) throw Error(who + ": it has no '" + key + "." + p.fqn + "'");
-        if (t->shape != p.shape) throw Error(who + ": '" + t->name + "' has shape of " + std::to_string(t->shape.size()) + " dims other than the model's");
-        const c10::ScalarType dtype = from_ckpt(t->dtype, who + ": '" + t->name + "'");
-        torch::Tensor full = torch::empty(t->shape, torch::TensorOptions().dtype(dtype));
-        for (const ckpt::Chunk& chunk : t->chunks) {
-          if (ckpt::box_volume(chunk.sizes) == 0) continue;
-          const ckpt::ChunkData d = reader.read(*t, chunk);
-          // The chunk's elements as a strided view over its bytes, copied into its box.
-          std::int64_t last = d.storage_offset;
-          for (std::size_t i = 0; i < d.shape.size(); ++i) last += (d.shape[i] - 1) * d.strides[i];
-          std::vector<std::byte> bytes(static_cast<std::size_t>(last + 1) * ckpt::element_size(t->dtype));
-          d.storage->read_at(0, bytes);
-          torch::Tensor src = torch::from_blob(bytes.data(), {last + 1}, torch::TensorOptions().dtype(dtype)).as_strided(d.shape, d.strides, d.storage_offset);
-          torch::Tensor dst = full;
-          for (std::size_t i = 0; i < chunk.sizes.size(); ++i) dst = dst.narrow(static_cast<std::int64_t>(i), chunk.offsets[i], chunk.sizes[i]);
-          dst.copy_(src);
-        }
-        values.push_back(full);
-      }
+      for (const auto& p : unit->params()) values.push_back(read_full(c, reader, o.model_key + "." + p.fqn, p.shape, who));
       unit->load_full(values);
+      if (!o.optimizer) continue;
+      for (const auto& b : o.optimizer->buffer_names()) {
+        std::vector<torch::Tensor> moments;
+        for (const auto& p : unit->params()) {
+          moments.push_back(read_full(c, reader, o.optimizer_key + ".state." + p.fqn + "." + b, p.shape, who).to(unit->shard().scalar_type()));
+        }
+        o.optimizer->buffer(u, b).copy_(unit->flatten_slice(moments));
+      }
+      const std::string step = o.optimizer_key + ".state." + unit->params().front().fqn + ".step";
+      if (c.find_tensor(step)) steps = static_cast<std::int64_t>(read_full(c, reader, step, {}, who).item<double>());
     }
+    if (o.optimizer) o.optimizer->set_steps(steps.value_or(0));
+    if (std::filesystem::exists(dir / "meta.pt")) meta = ckpt::read_torch_save(ckpt::open_file(dir / "meta.pt")).root;
   } catch (const ckpt::Error& e) {
     throw Error(who + ": " + e.what());
   }
   (void)group;
+  return meta;
 }
 
 }  // namespace fsdp

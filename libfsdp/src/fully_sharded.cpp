@@ -90,8 +90,31 @@ void FlatUnit::reduce_gradients() {
 
 void FlatUnit::load_full(const std::vector<torch::Tensor>& values) {
   torch::NoGradGuard no_grad;
-  if (values.size() != params_.size()) throw Error("load: " + std::to_string(values.size()) + " values for " + std::to_string(params_.size()) + " parameters");
+  torch::Tensor mine = flatten_slice(values);
   release();
+  shard_.detach().copy_(mine);
+  if (strategy_ == ShardingStrategy::kNoShard) {
+    full_ = torch::Tensor();
+    gather();
+  }
+}
+
+std::vector<torch::Tensor> FlatUnit::unflatten(const torch::Tensor& slice) {
+  torch::NoGradGuard no_grad;
+  if (slice.numel() != shard_.numel()) throw Error("unflatten: " + std::to_string(slice.numel()) + " elements for a slice of " + std::to_string(shard_.numel()));
+  torch::Tensor full = slice.detach().contiguous();
+  if (strategy_ != ShardingStrategy::kNoShard) {
+    full = torch::empty({padded_}, slice.options().requires_grad(false));
+    group_.all_gather(full, slice.detach().contiguous());
+  }
+  std::vector<torch::Tensor> out;
+  for (const Param& p : params_) out.push_back(full.narrow(0, p.offset, p.numel).view(p.shape).clone());
+  return out;
+}
+
+torch::Tensor FlatUnit::flatten_slice(const std::vector<torch::Tensor>& values) const {
+  torch::NoGradGuard no_grad;
+  if (values.size() != params_.size()) throw Error("load: " + std::to_string(values.size()) + " values for " + std::to_string(params_.size()) + " parameters");
   torch::Tensor flat = torch::zeros({padded_}, shard_.options().requires_grad(false));
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (values[i].sizes().vec() != params_[i].shape) throw Error("load: '" + params_[i].fqn + "' has another shape in the checkpoint");
@@ -99,11 +122,7 @@ void FlatUnit::load_full(const std::vector<torch::Tensor>& values) {
   }
   const std::int64_t n = shard_.numel();
   const std::int64_t rank = strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank();
-  shard_.detach().copy_(flat.narrow(0, rank * n, n));
-  if (strategy_ == ShardingStrategy::kNoShard) {
-    full_ = torch::Tensor();
-    gather();
-  }
+  return flat.narrow(0, rank * n, n).clone();
 }
 
 FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy)
@@ -141,6 +160,12 @@ void FullyShardedSequential::backward(const torch::Tensor& loss) {
     if (!unit) continue;
     unit->reduce_gradients();
     unit->release();
+  }
+}
+
+void FullyShardedSequential::release() {
+  for (auto& unit : units_) {
+    if (unit) unit->release();
   }
 }
 

@@ -6,23 +6,48 @@
 #include <filesystem>
 #include <string>
 
+#include "ckpt/pickle.hpp"
 #include "fsdp/fully_sharded.hpp"
+#include "fsdp/optim.hpp"
 
 namespace fsdp {
+
+struct SaveOptions {
+  std::string model_key = "model";
+  /// Also saves this optimizer's state as FSDP's sharded optimizer state dict flattened by DCP:
+  /// `<optimizer_key>.state.<parameter>.<buffer>` chunked as the parameter is,
+  /// `<optimizer_key>.state.<parameter>.step` (a 0-d float32 tensor, written once) and
+  /// `<optimizer_key>.param_groups` (a bytes item: one group, "params" listing every FQN).
+  ShardedOptimizer* optimizer = nullptr;
+  std::string optimizer_key = "optimizer";
+  /// Non-null: rank 0 writes it as `meta.pt` (a torch.save file), as Lightning keeps a sharded
+  /// checkpoint's other state, before `.metadata`.
+  ckpt::pickle::ValuePtr meta;
+};
 
 /// Saves `model`'s sharded state dict as a DCP directory laid out as PyTorch FSDP's
 /// SHARDED_STATE_DICT and dcp.save lay it out (spec/FORMATS.md §5.2): every original parameter
 /// chunked on dim 0 by torch.chunk's rule, rank r writing piece r into __r_0.distcp (ranks past
 /// the last piece write nothing for it), FQNs `<key>.<parameter>` with planner_data
 /// (key, parameter). An existing .metadata is removed first; every rank writes its file, and after
-/// a barrier rank 0 writes .metadata last. A collective: every rank calls it. Throws fsdp::Error.
-void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const std::string& key = "model");
+/// a barrier rank 0 writes .metadata last, so that the directory is a checkpoint only once it is
+/// whole. A collective: every rank calls it. Throws fsdp::Error.
+void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
+
+struct LoadOptions {
+  std::string model_key = "model";
+  /// Also loads this optimizer's buffers and step count (saved as SaveOptions describes).
+  ShardedOptimizer* optimizer = nullptr;
+  std::string optimizer_key = "optimizer";
+};
 
 /// Loads `model`'s parameters from a DCP directory (ours or PyTorch's) written at any world size:
 /// each parameter `<key>.<parameter>` is assembled from whatever chunks hold it and this rank
 /// keeps its slice of each unit. Every parameter must be there with its shape; a dtype that differs
-/// is cast as copy_ casts. Throws fsdp::Error naming the file and what is wrong. Collective-free
-/// (each rank reads for itself), but every rank must call it before the next forward.
-void load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const std::string& key = "model");
+/// is cast as copy_ casts. Returns the object `meta.pt` holds (null when there is none). Throws
+/// fsdp::Error naming the file and what is wrong. Collective-free (each rank reads for itself),
+/// but every rank must call it before the next forward.
+ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group,
+                                    const LoadOptions& options = {});
 
 }  // namespace fsdp

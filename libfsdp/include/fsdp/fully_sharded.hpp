@@ -49,6 +49,13 @@ class FlatUnit {
   /// Sets every parameter's full value (`values[i]` for params()[i], any world size's
   /// checkpoint); this rank keeps its slice. The full values are released.
   void load_full(const std::vector<torch::Tensor>& values);
+  /// Every parameter's full value of a tensor laid out as shard() is (an optimizer moment: this
+  /// rank's slice of a flat buffer), in params() order: all-gathered, then split by parameter.
+  /// A collective (but not with NO_SHARD, where `slice` is the whole buffer).
+  std::vector<torch::Tensor> unflatten(const torch::Tensor& slice);
+  /// This rank's slice of the flat buffer whose parameters hold `values` (full values, params()
+  /// order, any shape that matches): the inverse of unflatten, without communication.
+  torch::Tensor flatten_slice(const std::vector<torch::Tensor>& values) const;
 
   /// The optimizer's parameter: this rank's slice (NO_SHARD: all of it).
   torch::Tensor& shard() noexcept { return shard_; }
@@ -77,8 +84,12 @@ class FullyShardedSequential {
   /// Every parameter's full value by FQN, in the model's order (gathered from every rank; a
   /// collective, so every rank calls it).
   std::vector<std::pair<std::string, torch::Tensor>> full_state_dict();
+  /// Frees every unit's full values (after a forward without backward, an evaluation, so that the
+  /// next forward gathers what the optimizer has stepped since).
+  void release();
 
   ShardingStrategy strategy() const noexcept { return strategy_; }
+  ProcessGroup& group() noexcept { return group_; }
   const std::vector<std::unique_ptr<FlatUnit>>& units() const noexcept { return units_; }
 
  private:

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp/optim.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace fsdp {
+
+std::string_view to_string(OptimizerKind kind) noexcept { return kind == OptimizerKind::kSgd ? "sgd" : "adamw"; }
+
+OptimizerKind optimizer_from_string(std::string_view name) {
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  if (name == "sgd") return OptimizerKind::kSgd;
+  throw Error("unknown optimizer '" + std::string(name) + "' (adamw or sgd)");
+}
+
+ShardedOptimizer::ShardedOptimizer(FullyShardedSequential& model, OptimizerOptions options)
+    : model_(model), options_(options), buffers_(model.units().size()) {}
+
+void ShardedOptimizer::zero_grad() {
+  for (const auto& unit : model_.units()) {
+    if (unit) unit->shard().mutable_grad() = torch::Tensor();
+  }
+}
+
+std::vector<std::string> ShardedOptimizer::buffer_names() const {
+  if (options_.kind == OptimizerKind::kAdamW) return {"exp_avg", "exp_avg_sq"};
+  if (options_.momentum != 0.0) return {"momentum_buffer"};
+  return {};
+}
+
+torch::Tensor& ShardedOptimizer::buffer(std::size_t unit, const std::string& name) {
+  const auto& u = model_.units().at(unit);
+  if (!u) throw Error("optimizer: unit " + std::to_string(unit) + " has no parameters");
+  auto& slot = buffers_[unit][name];
+  if (!slot.defined()) slot = torch::zeros_like(u->shard().detach());
+  return slot;
+}
+
+double ShardedOptimizer::clip_grad_norm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64));
+  for (const auto& unit : model_.units()) {
+    if (unit && unit->shard().grad().defined()) sq += unit->shard().grad().to(torch::kFloat64).pow(2).sum();
+  }
+  // With NO_SHARD every rank holds every gradient already; otherwise each holds its slice.
+  if (model_.strategy() != ShardingStrategy::kNoShard) model_.group().all_reduce(sq, ReduceOp::kSum);
+  const double norm = std::sqrt(sq.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (const auto& unit : model_.units()) {
+      if (unit && unit->shard().grad().defined()) unit->shard().mutable_grad().mul_(coef);
+    }
+  }
+  return norm;
+}
+
+void ShardedOptimizer::step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const auto& o = options_;
+  for (std::size_t i = 0; i < model_.units().size(); ++i) {
+    const auto& unit = model_.units()[i];
+    if (!unit || !unit->shard().grad().defined()) continue;
+    torch::Tensor param = unit->shard().detach();
+    torch::Tensor grad = unit->shard().grad();
+    if (o.kind == OptimizerKind::kAdamW) {
+      // torch.optim.AdamW, _single_tensor_adamw (amsgrad off, maximize off).
+      param.mul_(1.0 - lr * o.weight_decay);
+      torch::Tensor& exp_avg = buffer(i, "exp_avg");
+      torch::Tensor& exp_avg_sq = buffer(i, "exp_avg_sq");
+      exp_avg.lerp_(grad, 1.0 - o.beta1);
+      exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1.0 - o.beta2);
+      const double step = static_cast<double>(steps_);
+      const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
+      const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
+      const double step_size = lr / bias_correction1;
+      const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+      torch::Tensor denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
+      param.addcdiv_(exp_avg, denom, -step_size);
+    } else {
+      // torch.optim.SGD, _single_tensor_sgd (dampening 0, nesterov off).
+      torch::Tensor d = grad;
+      if (o.weight_decay != 0.0) d = d.add(param, o.weight_decay);
+      if (o.momentum != 0.0) {
+        auto& slot = buffers_[i]["momentum_buffer"];
+        if (!slot.defined()) slot = d.clone();
+        else slot.mul_(o.momentum).add_(d);
+        d = slot;
+      }
+      param.add_(d, -lr);
+    }
+  }
+}
+
+}  // namespace fsdp

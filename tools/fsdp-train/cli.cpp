@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <cmath>
+#include <numbers>
+
+#include "common/cli_common.hpp"
+#include "fsdp-train/config.hpp"
+
+namespace fsdp_train {
+
+std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
+  auto app = std::make_unique<CLI::App>();
+  app->name("fsdp-train");
+  fsdp_tools::setup_app(*app, "fsdp-train",
+                        "Train a model with fully sharded data parallelism (libfsdp) on one or more ranks, with sharded "
+                        "checkpoints that PyTorch reads as its own, and resume them at any world size.");
+  app->option_defaults()->always_capture_default();
+  auto* m = "Model";
+  app->add_option("--model", c.model, "gpt (decoder-only transformer) or mlp (embedding, one hidden layer)")->check(CLI::IsMember({"gpt", "mlp"}))->group(m);
+  app->add_option("--n-layer", c.n_layer, "transformer blocks")->check(CLI::Range(1, 1024))->group(m);
+  app->add_option("--n-head", c.n_head, "attention heads (must divide --n-embd)")->check(CLI::Range(1, 1024))->group(m);
+  app->add_option("--n-embd", c.n_embd, "embedding width")->check(CLI::Range(1, 1 << 16))->group(m);
+  app->add_option("--block-size", c.block_size, "context length in tokens")->check(CLI::Range(1, 1 << 16))->group(m);
+  app->add_option("--vocab-size", c.vocab_size, "vocabulary size (256 for a text file's bytes)")->check(CLI::Range(2, 65536))->group(m);
+  auto* d = "Data";
+  app->add_option("--data", c.data, "synthetic, FILE.bin (uint16 tokens, as nanoGPT writes) or any other file (its bytes are the tokens)")->group(d);
+  app->add_option("--val-fraction", c.val_fraction, "the last part of the tokens kept for validation")->check(CLI::Range(0.0, 0.9))->group(d);
+  auto* t = "Training";
+  app->add_option("--steps", c.steps, "optimizer steps in all (a resumed run continues up to this step)")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))->group(t);
+  app->add_option("-b,--batch-size", c.batch_size, "sequences per rank per micro-batch (the global batch is this x ranks x --accumulate)")->check(CLI::Range(1, 1 << 20))->group(t);
+  app->add_option("--accumulate", c.accumulate, "micro-batches per optimizer step")->check(CLI::Range(1, 1 << 16))->group(t);
+  app->add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber)->group(t);
+  app->add_option("--min-lr", c.min_lr, "learning rate at the last step of the cosine decay (default: --lr / 10)")->group(t);
+  app->add_option("--warmup", c.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber)->group(t);
+  app->add_option("--optimizer", c.optimizer, "adamw or sgd (PyTorch's update rules)")->check(CLI::IsMember({"adamw", "sgd"}))->group(t);
+  app->add_option("--weight-decay", c.weight_decay, "AdamW: decoupled weight decay; SGD: L2 added to the gradient")->check(CLI::NonNegativeNumber)->group(t);
+  app->add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->group(t);
+  app->add_option("--beta1", c.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->group(t);
+  app->add_option("--beta2", c.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->group(t);
+  app->add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)")->check(CLI::NonNegativeNumber)->group(t);
+  app->add_option("--seed", c.seed, "seeds the initial parameters, the synthetic data and the batches")->group(t);
+  app->add_option("--eval-every", c.eval_every, "validation loss every K steps (0: never)")->check(CLI::NonNegativeNumber)->group(t);
+  app->add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")->check(CLI::Range(1, 1 << 20))->group(t);
+  auto* s = "Strategy";
+  app->add_option("--sharding-strategy", c.sharding_strategy, "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
+      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->group(s);
+  app->add_option("--backend", c.backend, "gloo (CPU) or nccl (CUDA builds)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);
+  app->add_option("--timeout", c.timeout, "seconds a collective may wait for the other ranks")->check(CLI::PositiveNumber)->group(s);
+  app->add_option("--threads", c.threads, "intra-op threads per rank (0: the machine's cores shared among the local ranks)")->check(CLI::Range(0, 4096))->group(s);
+  auto* l = "Launching";
+  app->add_option("--nproc", c.nproc,
+                  "start N local ranks (without it, one rank of the world that RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, "
+                  "torchrun or SLURM describe, or a world of one)")->check(CLI::Range(1, 4096))->group(l);
+  auto* o = "Output";
+  app->add_option("--log-every", c.log_every, "print a line every K steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))->group(o);
+  app->add_option("--log-jsonl", c.log_jsonl, "write one JSON object per step and per evaluation to FILE")->group(o);
+  app->add_flag("-q,--quiet", c.quiet, "print only errors and the final summary")->group(o);
+  auto* k = "Checkpoints";
+  app->add_option("--ckpt-dir", c.ckpt_dir, "write checkpoints as DIR/step-NNNNNNNN/ (also at the last step and on SIGINT/SIGTERM)")->group(k);
+  app->add_option("--save-every", c.save_every, "save every K steps (0: only at the end)")->check(CLI::NonNegativeNumber)->group(k);
+  app->add_option("--keep-last", c.keep_last, "keep only the newest K complete checkpoints (0: all)")->check(CLI::NonNegativeNumber)->group(k);
+  app->add_option("--resume", c.resume, "continue from a checkpoint directory, or 'latest' (the newest complete one in --ckpt-dir), at any world size")->group(k);
+  app->add_option("--state-dict-type", c.state_dict_type, "sharded (DCP, as FSDP's SHARDED_STATE_DICT and Lightning save it)")
+      ->check(CLI::IsMember({"sharded"}))->group(k);
+  return app;
+}
+
+double learning_rate(const TrainConfig& c, std::int64_t step) {
+  const double min_lr = c.min_lr < 0 ? c.lr / 10 : c.min_lr;
+  if (step <= c.warmup) return c.lr * static_cast<double>(step) / static_cast<double>(c.warmup + 1);
+  if (step >= c.steps) return min_lr;
+  const double progress = static_cast<double>(step - c.warmup) / static_cast<double>(c.steps - c.warmup);
+  return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (c.lr - min_lr);
+}
+
+}  // namespace fsdp_train

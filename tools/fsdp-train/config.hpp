@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+// fsdp-train's configuration: the options struct (the single source of defaults) and its command
+// line. No LibTorch here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace fsdp_train {
+
+struct TrainConfig {
+  // model
+  std::string model = "gpt";  ///< gpt or mlp
+  int n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 256;
+  // data
+  std::string data = "synthetic";
+  double val_fraction = 0.1;
+  // training
+  std::int64_t steps = 100;
+  int batch_size = 8;  ///< per rank, per micro-batch
+  int accumulate = 1;
+  double lr = 1e-3, min_lr = -1;  ///< min_lr < 0: lr / 10
+  std::int64_t warmup = 10;
+  std::string optimizer = "adamw";
+  double weight_decay = 0.01, momentum = 0.0, beta1 = 0.9, beta2 = 0.95;
+  double grad_clip = 1.0;  ///< 0: off
+  std::uint64_t seed = 1337;
+  std::int64_t eval_every = 0;
+  int eval_batches = 4;
+  // strategy
+  std::string sharding_strategy = "FULL_SHARD";
+  std::string backend = "gloo";
+  double timeout = 1800;
+  int threads = 0;  ///< intra-op threads per rank; 0: the cores shared among the local ranks
+  // launching
+  int nproc = 0;  ///< > 0: start this many local ranks
+  // output
+  std::int64_t log_every = 10;
+  std::string log_jsonl;
+  bool quiet = false;
+  // checkpoints
+  std::string ckpt_dir;
+  std::int64_t save_every = 0;
+  int keep_last = 0;  ///< 0: keep all
+  std::string resume;  ///< a step directory, or "latest" (in ckpt_dir)
+  std::string state_dict_type = "sharded";
+};
+
+std::unique_ptr<CLI::App> make_train_app(TrainConfig& c);
+
+/// The learning rate at `step` (1-based): linear warmup over `warmup` steps, then cosine decay to
+/// min_lr at `steps` (nanoGPT's schedule).
+double learning_rate(const TrainConfig& c, std::int64_t step);
+
+}  // namespace fsdp_train

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// fsdp-train: options -> either the local launcher (--nproc, when no launcher started us) or one
+// rank's training.
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "common/cli_common.hpp"
+#include "common/run_tool.hpp"
+#include "fsdp-train/config.hpp"
+#include "fsdp-train/launcher.hpp"
+#include "fsdp-train/train.hpp"
+
+extern char** environ;
+
+int main(int argc, char** argv) {
+  fsdp_train::TrainConfig config;
+  auto app = fsdp_train::make_train_app(config);
+  if (auto code = fsdp_tools::parse(*app, argc, argv)) return *code;
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv(*e);
+    const auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return fsdp_tools::run_tool("fsdp-train", [&] {
+    if (config.nproc > 0 && !env.contains("FSDP_TRAIN_LAUNCHED")) {
+      if (env.contains("RANK") || env.contains("SLURM_PROCID")) {
+        throw std::runtime_error("--nproc starts ranks itself; it cannot be used under a launcher that set RANK or SLURM_PROCID");
+      }
+      return fsdp_train::launch_local(config.nproc, argc, argv);
+    }
+    return fsdp_train::run_rank(config, env);
+  });
+}

@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp-train/train.hpp"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "ckpt/pickle.hpp"
+#include "fsdp-train/data.hpp"
+#include "fsdp-train/model.hpp"
+#include "fsdp/checkpoint.hpp"
+#include "fsdp/fully_sharded.hpp"
+#include "fsdp/optim.hpp"
+#include "fsdp/process_group.hpp"
+
+namespace fsdp_train {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pk = ckpt::pickle;
+
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = static_cast<int>(SA_RESETHAND);  // a second signal ends the process at once
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+std::string step_dir_name(std::int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+/// Complete checkpoints (with .metadata) and incomplete ones in `dir`, by step.
+struct StepDirs {
+  std::vector<std::pair<std::int64_t, fs::path>> complete, incomplete;
+};
+
+StepDirs list_step_dirs(const fs::path& dir) {
+  StepDirs out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.size() != 13 || name.rfind("step-", 0) != 0) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    const std::int64_t step = std::stoll(name.substr(5));
+    (fs::exists(e.path() / ".metadata") ? out.complete : out.incomplete).emplace_back(step, e.path());
+  }
+  std::sort(out.complete.begin(), out.complete.end());
+  std::sort(out.incomplete.begin(), out.incomplete.end());
+  return out;
+}
+
+pk::ValuePtr config_dict(const TrainConfig& c, int world) {
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> d;
+  auto put = [&](const char* k, pk::ValuePtr v) { d.emplace_back(pk::make_str(k), std::move(v)); };
+  put("model", pk::make_str(c.model));
+  put("n_layer", pk::make_int(c.n_layer));
+  put("n_head", pk::make_int(c.n_head));
+  put("n_embd", pk::make_int(c.n_embd));
+  put("block_size", pk::make_int(c.block_size));
+  put("vocab_size", pk::make_int(c.vocab_size));
+  put("data", pk::make_str(c.data));
+  put("val_fraction", pk::make_float(c.val_fraction));
+  put("steps", pk::make_int(c.steps));
+  put("batch_size", pk::make_int(c.batch_size));
+  put("accumulate", pk::make_int(c.accumulate));
+  put("world_size", pk::make_int(world));
+  put("lr", pk::make_float(c.lr));
+  put("min_lr", pk::make_float(c.min_lr));
+  put("warmup", pk::make_int(c.warmup));
+  put("optimizer", pk::make_str(c.optimizer));
+  put("weight_decay", pk::make_float(c.weight_decay));
+  put("grad_clip", pk::make_float(c.grad_clip));
+  put("seed", pk::make_int(static_cast<std::int64_t>(c.seed)));
+  put("sharding_strategy", pk::make_str(c.sharding_strategy));
+  return pk::make_dict(std::move(d));
+}
+
+const pk::Value* lookup(const pk::ValuePtr& dict, const std::string& key) {
+  if (!dict) return nullptr;
+  const auto* items = dict->dict_items();
+  if (!items) return nullptr;
+  for (const auto& [k, v] : *items) {
+    if (k->str() && *k->str() == key) return v.get();
+  }
+  return nullptr;
+}
+
+/// The run being resumed must be the same model: these must agree with the checkpoint's config.
+void check_same_model(const TrainConfig& c, const pk::ValuePtr& meta, const fs::path& where) {
+  const pk::Value* saved = lookup(meta, "config");
+  if (!saved) return;  // not ours (PyTorch's or Lightning's): the parameter shapes were checked on load
+  pk::ValuePtr cfg = std::shared_ptr<pk::Value>(std::shared_ptr<pk::Value>(), const_cast<pk::Value*>(saved));
+  auto want_int = [&](const char* key, std::int64_t v) {
+    const pk::Value* x = lookup(cfg, key);
+    if (x && x->int64() && *x->int64() != v) {
+      throw std::runtime_error(where.string() + ": the checkpoint's " + key + " is " + std::to_string(*x->int64()) + ", this run's " + std::to_string(v));
+    }
+  };
+  const pk::Value* model = lookup(cfg, "model");
+  if (model && model->str() && *model->str() != c.model) throw std::runtime_error(where.string() + ": the checkpoint is of a '" + *model->str() + "' model, this run's is '" + c.model + "'");
+  want_int("n_layer", c.n_layer);
+  want_int("n_head", c.n_head);
+  want_int("n_embd", c.n_embd);
+  want_int("block_size", c.block_size);
+  want_int("vocab_size", c.vocab_size);
+  const pk::Value* opt = lookup(cfg, "optimizer");
+  if (opt && opt->str() && *opt->str() != c.optimizer) throw std::runtime_error(where.string() + ": the checkpoint's optimizer is " + *opt->str() + ", this run's " + c.optimizer);
+}
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& c, fsdp::ProcessGroup& pg)
+      : c_(c), pg_(pg), rank_(pg.rank()), world_(pg.size()),
+        data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
+        model_((torch::manual_seed(c.seed), make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size}))),
+        fsdp_(model_, pg, fsdp::sharding_strategy_from_string(c.sharding_strategy)),
+        opt_(fsdp_, optimizer_options(c)) {}
+
+  int run() {
+    std::int64_t start = 0;
+    if (!c_.resume.empty()) start = resume();
+    if (rank_ == 0 && !c_.log_jsonl.empty()) {
+      log_.open(c_.log_jsonl, start > 0 ? std::ios::app : std::ios::trunc);
+      if (!log_) throw std::runtime_error(c_.log_jsonl + ": cannot open the log for writing");
+    }
+    say(describe(start));
+    double last_loss = 0, last_val = -1;
+    std::int64_t step = start;
+    const auto t_run = std::chrono::steady_clock::now();
+    while (step < c_.steps) {
+      ++step;
+      const auto t0 = std::chrono::steady_clock::now();
+      const double lr = learning_rate(c_, step);
+      opt_.zero_grad();
+      double local = 0;
+      for (int m = 0; m < c_.accumulate; ++m) {
+        auto [x, y] = batch(step, m, false);
+        torch::Tensor loss = loss_of(fsdp_.forward(x), y) / c_.accumulate;
+        fsdp_.backward(loss);
+        local += loss.item<double>();
+      }
+      const double norm = c_.grad_clip > 0 ? opt_.clip_grad_norm(c_.grad_clip) : -1;
+      opt_.step(lr);
+      // The global batch's mean loss, and whether any rank was asked to stop.
+      torch::Tensor shared = torch::tensor({local, static_cast<double>(g_stop_signal.load())}, torch::kFloat64);
+      torch::Tensor stop = shared.narrow(0, 1, 1).clone();
+      torch::Tensor loss_t = shared.narrow(0, 0, 1).clone();
+      pg_.all_reduce(loss_t, fsdp::ReduceOp::kAvg);
+      pg_.all_reduce(stop, fsdp::ReduceOp::kMax);
+      last_loss = loss_t.item<double>();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tokens = static_cast<double>(c_.batch_size) * world_ * c_.accumulate * c_.block_size;
+      const bool log_line = step % c_.log_every == 0 || step == c_.steps || step == start + 1;
+      std::vector<double> rss;
+      if (log_line || log_.is_open()) rss = gather_rss();
+      if (rank_ == 0) {
+        if (log_line && !c_.quiet) {
+          char buf[256];
+          std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3e  %.0f tok/s  %.1f ms/step  peak rss", static_cast<long long>(step),
+                        static_cast<long long>(c_.steps), last_loss, lr, tokens / dt, dt * 1e3);
+          std::string line = buf;
+          for (std::size_t r = 0; r < rss.size(); ++r) line += (r ? "," : " ") + std::to_string(static_cast<long long>(rss[r]));
+          std::cout << line << " MiB" << std::endl;
+        }
+        if (log_.is_open()) {
+          nlohmann::ordered_json j{{"step", step}, {"loss", last_loss}, {"lr", lr}, {"tokens_per_s", tokens / dt}, {"step_time_s", dt}};
+          if (norm >= 0) j["grad_norm"] = norm;
+          j["peak_rss_mib"] = rss;
+          log_ << j.dump() << "\n" << std::flush;
+        }
+      }
+      if (c_.eval_every > 0 && step % c_.eval_every == 0) last_val = evaluate(step);
+      const bool stopping = stop.item<double>() != 0;
+      const bool save_now = !c_.ckpt_dir.empty() && ((c_.save_every > 0 && step % c_.save_every == 0) || step == c_.steps || stopping);
+      if (save_now) save(step);
+      if (stopping) {
+        say("stopped at step " + std::to_string(step) + " by " + ::strsignal(static_cast<int>(stop.item<double>())) +
+            (c_.ckpt_dir.empty() ? " (no --ckpt-dir: nothing saved)" : ", after saving"));
+        return 0;
+      }
+    }
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+    if (step > start) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "done: steps %lld-%lld in %.1f s, final loss %.4f", static_cast<long long>(start + 1),
+                    static_cast<long long>(step), total, last_loss);
+      std::string s = buf;
+      if (last_val >= 0) {
+        std::snprintf(buf, sizeof buf, ", validation loss %.4f", last_val);
+        s += buf;
+      }
+      if (rank_ == 0) std::cout << s << std::endl;
+    } else {
+      say("nothing to do: the checkpoint is at step " + std::to_string(start) + " and --steps is " + std::to_string(c_.steps));
+    }
+    return 0;
+  }
+
+ private:
+  static fsdp::OptimizerOptions optimizer_options(const TrainConfig& c) {
+    fsdp::OptimizerOptions o;
+    o.kind = fsdp::optimizer_from_string(c.optimizer);
+    o.lr = c.lr;
+    o.beta1 = c.beta1;
+    o.beta2 = c.beta2;
+    o.momentum = c.momentum;
+    o.weight_decay = c.weight_decay;
+    return o;
+  }
+
+  void say(const std::string& s) const {
+    if (rank_ == 0 && !c_.quiet) std::cout << s << std::endl;
+  }
+
+  std::string describe(std::int64_t start) const {
+    std::int64_t params = 0;
+    for (const auto& p : model_->parameters()) params += p.numel();
+    for (const auto& u : fsdp_.units()) {
+      if (u) for (const auto& p : u->params()) params += p.numel;
+    }
+    return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
+           c_.sharding_strategy + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
+           std::to_string(c_.block_size) + " tokens, data " + data_.source + " (" + std::to_string(data_.tokens.size()) + " tokens)" +
+           (start > 0 ? ", resuming after step " + std::to_string(start) : "");
+  }
+
+  std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t step, int micro, bool validation) const {
+    const std::size_t b = static_cast<std::size_t>(c_.batch_size), T = static_cast<std::size_t>(c_.block_size);
+    const std::size_t first = (static_cast<std::size_t>(micro) * static_cast<std::size_t>(world_) + static_cast<std::size_t>(rank_)) * b;
+    const auto starts = validation ? sample_starts(c_.seed, step, first, b, data_.train_end, data_.tokens.size(), c_.block_size)
+                                   : sample_starts(c_.seed, step, first, b, 0, data_.train_end, c_.block_size);
+    torch::Tensor x = torch::empty({static_cast<std::int64_t>(b), static_cast<std::int64_t>(T)}, torch::kLong);
+    torch::Tensor y = torch::empty_like(x);
+    auto xa = x.accessor<std::int64_t, 2>();
+    auto ya = y.accessor<std::int64_t, 2>();
+    for (std::size_t i = 0; i < b; ++i) {
+      for (std::size_t t = 0; t < T; ++t) {
+        xa[static_cast<std::int64_t>(i)][static_cast<std::int64_t>(t)] = data_.tokens[starts[i] + t];
+        ya[static_cast<std::int64_t>(i)][static_cast<std::int64_t>(t)] = data_.tokens[starts[i] + t + 1];
+      }
+    }
+    return {x, y};
+  }
+
+  torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& targets) const {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  }
+
+  std::vector<double> gather_rss() {
+    torch::Tensor mine = torch::tensor({peak_rss_mib()}, torch::kFloat64);
+    torch::Tensor all = torch::empty({world_}, torch::kFloat64);
+    pg_.all_gather(all, mine);
+    return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + world_);
+  }
+
+  double evaluate(std::int64_t step) {
+    torch::NoGradGuard no_grad;
+    double sum = 0;
+    for (int k = 0; k < c_.eval_batches; ++k) {
+      auto [x, y] = batch(-1 - k, 0, true);
+      sum += loss_of(fsdp_.forward(x), y).item<double>();
+    }
+    fsdp_.release();
+    torch::Tensor v = torch::tensor({sum / c_.eval_batches}, torch::kFloat64);
+    pg_.all_reduce(v, fsdp::ReduceOp::kAvg);
+    const double val = v.item<double>();
+    if (rank_ == 0) {
+      if (!c_.quiet) std::printf("step %lld  validation loss %.4f\n", static_cast<long long>(step), val), std::fflush(stdout);
+      if (log_.is_open()) log_ << nlohmann::ordered_json{{"step", step}, {"val_loss", val}}.dump() << "\n" << std::flush;
+    }
+    return val;
+  }
+
+  void save(std::int64_t step) {
+    const fs::path dir = fs::path(c_.ckpt_dir) / step_dir_name(step);
+    std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> meta;
+    auto put = [&](const char* k, pk::ValuePtr v) { meta.emplace_back(pk::make_str(k), std::move(v)); };
+    put("format", pk::make_str("fsdp-train"));
+    put("format_version", pk::make_int(1));
+    put("step", pk::make_int(step));
+    put("world_size", pk::make_int(world_));
+    put("config", config_dict(c_, world_));
+    put("scheduler", pk::make_dict({{pk::make_str("last_epoch"), pk::make_int(step)},
+                                    {pk::make_str("last_lr"), pk::make_float(learning_rate(c_, step))}}));
+    put("data", pk::make_dict({{pk::make_str("seed"), pk::make_int(static_cast<std::int64_t>(c_.seed))},
+                               {pk::make_str("next_step"), pk::make_int(step + 1)}}));
+    fsdp::SaveOptions o;
+    o.optimizer = &opt_;
+    o.meta = pk::make_dict(std::move(meta));
+    const auto t0 = std::chrono::steady_clock::now();
+    if (rank_ == 0) fs::create_directories(dir);
+    pg_.barrier();
+    fsdp::save_sharded(dir, fsdp_, pg_, o);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank_ == 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " (%.2f s)", dt);
+      say("saved " + dir.string() + buf);
+      if (c_.keep_last > 0) {
+        const StepDirs dirs = list_step_dirs(c_.ckpt_dir);
+        const std::size_t n = dirs.complete.size(), keep = static_cast<std::size_t>(c_.keep_last);
+        for (std::size_t i = 0; n > keep && i < n - keep; ++i) {
+          if (dirs.complete[i].first >= step) continue;
+          // Not a checkpoint any more before anything else goes.
+          fs::remove(dirs.complete[i].second / ".metadata");
+          fs::remove_all(dirs.complete[i].second);
+        }
+      }
+    }
+    pg_.barrier();
+  }
+
+  std::int64_t resume() {
+    fs::path path = c_.resume;
+    if (c_.resume == "latest") {
+      if (c_.ckpt_dir.empty()) throw std::runtime_error("--resume latest needs --ckpt-dir");
+      const StepDirs dirs = list_step_dirs(c_.ckpt_dir);
+      for (const auto& [s, p] : dirs.incomplete) {
+        if (dirs.complete.empty() || s > dirs.complete.back().first) {
+          say("warning: " + p.string() + " is incomplete (no .metadata: a save that did not finish); skipping it");
+        }
+      }
+      if (dirs.complete.empty()) {
+        say("no complete checkpoint in " + c_.ckpt_dir + " yet: starting from step 0");
+        return 0;
+      }
+      path = dirs.complete.back().second;
+    }
+    if (!fs::exists(path / ".metadata")) throw std::runtime_error(path.string() + ": not a complete checkpoint (no .metadata)");
+    fsdp::LoadOptions o;
+    o.optimizer = &opt_;
+    const pk::ValuePtr meta = fsdp::load_sharded(path, fsdp_, pg_, o);
+    check_same_model(c_, meta, path);
+    std::int64_t step = opt_.steps();
+    if (const pk::Value* s = lookup(meta, "step"); s && s->int64()) step = *s->int64();
+    say("resumed from " + path.string() + " at step " + std::to_string(step));
+    return step;
+  }
+
+  const TrainConfig& c_;
+  fsdp::ProcessGroup& pg_;
+  int rank_, world_;
+  TokenData data_;
+  torch::nn::Sequential model_;
+  fsdp::FullyShardedSequential fsdp_;
+  fsdp::ShardedOptimizer opt_;
+  std::ofstream log_;
+};
+
+}  // namespace
+
+int run_rank(const TrainConfig& config, const std::map<std::string, std::string>& env) {
+  install_stop_handlers();
+  std::optional<fsdp::Rendezvous> where = fsdp::Rendezvous::from_environment(env);
+  fs::path store;
+  if (!where) {
+    where.emplace();
+    store = fs::temp_directory_path() / ("fsdp-train-" + std::to_string(::getpid()) + ".store");
+    where->file_store = store.string();
+  }
+  int local_world = where->world_size;
+  if (auto it = env.find("LOCAL_WORLD_SIZE"); it != env.end()) local_world = std::max(1, std::atoi(it->second.c_str()));
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  torch::set_num_threads(config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
+  int status = 0;
+  {
+    fsdp::ProcessGroup pg(*where, fsdp::backend_from_string(config.backend),
+                          std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout * 1000)));
+    try {
+      Trainer trainer(config, pg);
+      status = trainer.run();
+    } catch (const std::exception& e) {
+      throw std::runtime_error("rank " + std::to_string(pg.rank()) + ": " + e.what());
+    }
+  }
+  if (!store.empty()) {
+    std::error_code ec;
+    fs::remove(store, ec);
+  }
+  return status;
+}
+
+}  // namespace fsdp_train

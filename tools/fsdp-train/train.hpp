@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+// One rank of an fsdp-train run.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "fsdp-train/config.hpp"
+
+namespace fsdp_train {
+
+/// Trains as the rank the environment names (a world of one when it names none). Returns the exit
+/// status; throws on errors (fsdp::Error, std::runtime_error) with a message for the user.
+int run_rank(const TrainConfig& config, const std::map<std::string, std::string>& env);
+
+}  // namespace fsdp_train
