@@ -181,7 +181,7 @@ class Trainer {
       const double tokens = static_cast<double>(c_.batch_size) * world_ * c_.accumulate * c_.block_size;
       const bool log_line = step % c_.log_every == 0 || step == c_.steps || step == start + 1;
       std::vector<double> rss;
-      if (log_line || log_.is_open()) rss = gather_rss();
+      if (log_line || !c_.log_jsonl.empty()) rss = gather_rss();  // a collective: every rank decides alike
       if (rank_ == 0) {
         if (log_line && !c_.quiet) {
           char buf[256];
@@ -199,11 +199,12 @@ class Trainer {
         }
       }
       if (c_.eval_every > 0 && step % c_.eval_every == 0) last_val = evaluate(step);
-      const bool stopping = stop.item<double>() != 0;
+      const int signal = static_cast<int>(stop.item<double>());
+      const bool stopping = signal != 0 || step == c_.stop_at_step;
       const bool save_now = !c_.ckpt_dir.empty() && ((c_.save_every > 0 && step % c_.save_every == 0) || step == c_.steps || stopping);
       if (save_now) save(step);
       if (stopping) {
-        say("stopped at step " + std::to_string(step) + " by " + ::strsignal(static_cast<int>(stop.item<double>())) +
+        say("stopped at step " + std::to_string(step) + (signal ? std::string(" by ") + ::strsignal(signal) : std::string(" (--stop-at-step)")) +
             (c_.ckpt_dir.empty() ? " (no --ckpt-dir: nothing saved)" : ", after saving"));
         return 0;
       }
@@ -242,8 +243,7 @@ class Trainer {
   }
 
   std::string describe(std::int64_t start) const {
-    std::int64_t params = 0;
-    for (const auto& p : model_->parameters()) params += p.numel();
+    std::int64_t params = 0;  // every parameter is in a unit (each child with parameters is one)
     for (const auto& u : fsdp_.units()) {
       if (u) for (const auto& p : u->params()) params += p.numel;
     }

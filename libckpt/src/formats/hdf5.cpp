@@ -204,7 +204,8 @@ void read_dataset(Visit& v, hid_t root, const char* name, const H5O_info_t* info
   std::string part;
   for (const char* p = name;; ++p) {
     if (*p == '/' || *p == '\0') {
-      joined += (joined.empty() ? "" : ".") + unescape(part);
+      if (!joined.empty()) joined += '.';  // appended piecewise: GCC 12 -O3 warns (-Wrestrict) on "." + string&&
+      joined += unescape(part);
       part.clear();
       if (*p == '\0') break;
     } else {
@@ -250,7 +251,8 @@ std::vector<std::uint64_t> create_hdf5_layout(const std::filesystem::path& file,
     hid_t parent = f;
     std::string key;
     for (std::size_t i = 0; i < depth; ++i) {
-      key += "/" + escape(path[i]);
+      key += '/';
+      key += escape(path[i]);
       if (auto it = groups.find(key); it != groups.end()) {
         parent = it->second;
         continue;

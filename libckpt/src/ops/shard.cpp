@@ -122,9 +122,13 @@ class Sharder {
     entries_.push_back({std::move(fqn), std::move(path), nullptr, std::move(item), {}});
   }
 
-  std::vector<ValuePtr> keyed(std::vector<ValuePtr> path) const {
-    if (o_.key) path.insert(path.begin(), pk::make_str(*o_.key));
-    return path;
+  std::vector<ValuePtr> keyed(const std::vector<ValuePtr>& path) const {
+    // Built front to back (GCC 12 at -O3 misreads an insert at begin() as out of bounds).
+    std::vector<ValuePtr> out;
+    out.reserve(path.size() + 1);
+    if (o_.key) out.push_back(pk::make_str(*o_.key));
+    out.insert(out.end(), path.begin(), path.end());
+    return out;
   }
   std::string keyed(const std::string& fqn) const { return o_.key ? join(*o_.key, fqn) : fqn; }
 

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""fsdp-train end to end, against PyTorch (python3-torch) where a claim is about PyTorch:
+- the merged model of a training checkpoint loads with torch.load(weights_only=True) into the same
+  GPT defined in PyTorch (tests/train/gpt.py), whose loss on the next step's batch equals ours;
+- one step of torch.optim.AdamW (clip_grad_norm_ first), started from the checkpoint's model and
+  optimizer state, lands on our next checkpoint's parameters;
+- the same global batch gives the same loss curve at 1 rank x 8 and 2 ranks x 4 (FULL_SHARD and
+  SHARD_GRAD_OP);
+- 20 steps straight equal 10 steps plus a resume for 10 more, at 2 ranks, and at 1 and 4;
+- launching by --nproc and by environment variables, a killed rank, SIGTERM, `latest` skipping an
+  incomplete checkpoint, bad data."""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "interop"))
+from common import check, finish, import_torch, tmpdir  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--train", required=True)
+p.add_argument("--merge", required=True)
+p.add_argument("--inspect", required=True)
+p.add_argument("--text", required=True)
+a = p.parse_args()
+torch = import_torch()
+sys.path.insert(0, os.path.dirname(__file__))
+import gpt  # noqa: E402
+
+work = tmpdir()
+SHAPE = dict(n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=256)
+BASE = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--lr", "3e-3", "--warmup", "3",
+        "--timeout", "60", "-q"]
+SEED = 1337
+
+
+def train(*extra, nproc=None, env=None, expect=0):
+    data = [] if "--data" in extra else ["--data", a.text]
+    cmd = [a.train, *BASE, *data, *extra] + (["--nproc", str(nproc)] if nproc else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == expect, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def losses(path):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(path)) if "loss" in j}
+
+
+def merged(ckpt, name, model_only=False):
+    out = os.path.join(work, name)
+    r = subprocess.run([a.merge, ckpt, "-o", out, "--force"] + (["--model-only"] if model_only else []),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def close(x, y, rel):
+    return abs(x - y) <= rel * max(abs(x), abs(y), 1e-12)
+
+
+def pytorch_equivalence():
+    d = os.path.join(work, "eq")
+    train("--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d, nproc=2)
+    ck6 = os.path.join(d, "step-00000006")
+    v = subprocess.run([a.inspect, "verify", "--deep", ck6], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    log = os.path.join(work, "eq.jsonl")
+    train("--steps", "8", "--stop-at-step", "7", "--batch-size", "8", "--ckpt-dir", d, "--resume", "latest",
+          "--log-jsonl", log)
+    ours = losses(log)[7]
+    # The model part holds no Python floats, so PyTorch's restricted loader takes it.
+    state = torch.load(merged(ck6, "eq6-model.pt", model_only=True), weights_only=True)["model"]
+    model = gpt.gpt(**SHAPE)
+    model.load_state_dict(state, strict=True)
+    tokens, train_end = gpt.text_tokens(a.text)
+    x, y = gpt.batch(tokens, train_end, SEED, 7, 0, 8, SHAPE["block_size"])
+    theirs = gpt.loss(model, x, y)
+    assert close(theirs.item(), ours, 1e-5), f"PyTorch's loss {theirs.item()!r}, ours {ours!r}"
+    # The whole checkpoint (param_groups hold floats, which 1.13's weights_only loader refuses).
+    full = torch.load(merged(ck6, "eq6.pt"))
+    assert full["step"] == 6 and full["config"]["n_embd"] == 32, {k: full[k] for k in ("step", "config")}
+    groups = full["optimizer"]["param_groups"]
+    assert len(groups) == 1 and groups[0]["params"] == list(state), groups
+    opt = torch.optim.AdamW(model.parameters(), lr=groups[0]["lr"], betas=groups[0]["betas"], eps=groups[0]["eps"],
+                            weight_decay=groups[0]["weight_decay"])
+    for name, param in model.named_parameters():
+        s = full["optimizer"]["state"][name]
+        assert float(s["step"]) == 6.0 and s["exp_avg"].shape == param.shape, (name, s["step"], s["exp_avg"].shape)
+        opt.state[param] = {"step": s["step"].clone(), "exp_avg": s["exp_avg"].clone(), "exp_avg_sq": s["exp_avg_sq"].clone()}
+    for g in opt.param_groups:
+        g["lr"] = gpt.learning_rate(7, 3e-3, 8, 3)
+    theirs.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    after = torch.load(merged(os.path.join(d, "step-00000007"), "eq7-model.pt", model_only=True), weights_only=True)["model"]
+    for name, param in model.named_parameters():
+        diff = (after[name] - param.detach()).abs().max().item()
+        assert diff <= 1e-5, f"{name}: our step 7 differs from torch.optim.AdamW's by {diff}"
+
+
+def same_curve(strategy):
+    def run():
+        one, two = os.path.join(work, f"c1-{strategy}.jsonl"), os.path.join(work, f"c2-{strategy}.jsonl")
+        train("--steps", "12", "--batch-size", "8", "--sharding-strategy", strategy, "--log-jsonl", one)
+        train("--steps", "12", "--batch-size", "4", "--sharding-strategy", strategy, "--log-jsonl", two, nproc=2)
+        l1, l2 = losses(one), losses(two)
+        assert sorted(l1) == list(range(1, 13)) and sorted(l2) == sorted(l1), (sorted(l1), sorted(l2))
+        bad = [(s, l1[s], l2[s]) for s in l1 if not close(l1[s], l2[s], 1e-4)]
+        assert not bad, f"losses differ: {bad}"
+        assert l1[12] < l1[1], f"the loss did not fall: {l1[1]} -> {l1[12]}"
+    return run
+
+
+def resume_equivalence():
+    straight, split = os.path.join(work, "rs"), os.path.join(work, "rp")
+    train("--steps", "20", "--batch-size", "4", "--ckpt-dir", straight, "--log-jsonl", straight + ".jsonl", nproc=2)
+    train("--steps", "20", "--batch-size", "4", "--ckpt-dir", split, "--stop-at-step", "10", "--log-jsonl", split + ".jsonl", nproc=2)
+    assert os.listdir(split) == ["step-00000010"], os.listdir(split)
+    train("--steps", "20", "--batch-size", "4", "--ckpt-dir", split, "--resume", "latest", "--log-jsonl", split + ".jsonl", nproc=2)
+    ls, lp = losses(straight + ".jsonl"), losses(split + ".jsonl")
+    assert sorted(lp) == list(range(1, 21)), sorted(lp)
+    bad = [(s, ls[s], lp[s]) for s in ls if not close(ls[s], lp[s], 1e-6)]
+    assert not bad, f"losses differ after the resume: {bad}"
+    want = torch.load(merged(os.path.join(straight, "step-00000020"), "rs20.pt", model_only=True), weights_only=True)["model"]
+    got = torch.load(merged(os.path.join(split, "step-00000020"), "rp20.pt", model_only=True), weights_only=True)["model"]
+    for k in want:
+        diff = (want[k] - got[k]).abs().max().item()
+        assert diff <= 1e-6, f"{k}: {diff}"
+    # Another world size, the same global batch: the same run, to float tolerance.
+    for nproc, b in ((1, 8), (4, 2)):
+        d = os.path.join(work, f"rw{nproc}")
+        os.makedirs(d)
+        os.symlink(os.path.join(split, "step-00000010"), os.path.join(d, "step-00000010"))
+        train("--steps", "20", "--batch-size", str(b), "--ckpt-dir", d, "--resume", "latest", "--log-jsonl", d + ".jsonl", nproc=nproc)
+        lw = losses(d + ".jsonl")
+        assert sorted(lw) == list(range(11, 21)), sorted(lw)
+        assert close(lw[11], ls[11], 1e-5), f"nproc {nproc}: step 11 loss {lw[11]} vs {ls[11]}: not the same parameters"
+        bad = [(s, ls[s], lw[s]) for s in lw if not close(ls[s], lw[s], 1e-3)]
+        assert not bad, f"nproc {nproc}: {bad}"
+
+
+def children_of(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def start_long(d, log):
+    cmd = [a.train, *BASE, "--data", a.text, "--steps", "100000", "--batch-size", "4", "--ckpt-dir", d, "--log-jsonl", log, "--nproc", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(log) and len(open(log).read().splitlines()) >= 3):
+        time.sleep(0.1)
+    assert os.path.exists(log), "no step was logged"
+    return proc
+
+
+def killed_rank():
+    d = os.path.join(work, "kill")
+    proc = start_long(d, d + ".jsonl")
+    ranks = children_of(proc.pid)
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the launcher did not stop after a rank was killed")
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert "rank" in err and "killed by signal 9" in err, err
+    time.sleep(0.5)
+    alive = [r for r in ranks if os.path.exists(f"/proc/{r}") and open(f"/proc/{r}/stat").read().split()[2] != "Z"]
+    assert not alive, f"ranks left running: {alive}"
+
+
+def sigterm_saves():
+    d = os.path.join(work, "term")
+    proc = start_long(d, d + ".jsonl")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    steps = [n for n in os.listdir(d) if n.startswith("step-")]
+    assert len(steps) == 1, steps
+    ck = os.path.join(d, steps[0])
+    v = subprocess.run([a.inspect, "verify", "--deep", ck], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    at = int(steps[0][5:])
+    train("--steps", str(at + 2), "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest", "--log-jsonl", d + ".jsonl", nproc=2)
+    assert max(losses(d + ".jsonl")) == at + 2
+
+
+def env_launch():
+    log_env, log_nproc = os.path.join(work, "env.jsonl"), os.path.join(work, "envn.jsonl")
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [a.train, *BASE, "--data", a.text, "--steps", "4", "--batch-size", "4", "--log-jsonl", log_env]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for pr in procs:
+        out, err = pr.communicate(timeout=120)
+        assert pr.returncode == 0, (out, err)
+    train("--steps", "4", "--batch-size", "4", "--log-jsonl", log_nproc, nproc=2)
+    assert losses(log_env) == losses(log_nproc), (losses(log_env), losses(log_nproc))
+
+
+def latest_skips_incomplete():
+    d = os.path.join(work, "inc")
+    train("--steps", "3", "--batch-size", "4", "--ckpt-dir", d)
+    os.makedirs(os.path.join(d, "step-00000099"))  # a save that never finished
+    r = subprocess.run([a.train, *BASE[:-1], "--data", a.text, "--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "step-00000099 is incomplete" in r.stdout and "resumed from" in r.stdout and "step-00000003" in r.stdout, r.stdout
+
+
+def bad_data():
+    f = os.path.join(work, "bad.bin")
+    open(f, "wb").write(bytes([1, 0, 2, 0, 44, 1] + [0] * 200))  # token 300 at byte offset 4
+    r = train("--steps", "1", "--data", f, expect=1)
+    assert "bad.bin: at byte offset 4: token 300 is not below the vocabulary size 256" in r.stderr, r.stderr
+    r = subprocess.run([a.train, "--steps", "1", "--n-embd", "30", "--n-head", "4"], capture_output=True, text=True)
+    assert r.returncode == 1, r.returncode
+    assert "not a multiple of --n-head" in r.stderr, r.stderr
+    r = train("--steps", "1", "--resume", os.path.join(work, "nowhere"), expect=1)
+    assert "not a complete checkpoint" in r.stderr, r.stderr
+
+
+def help_matches_man():
+    import re
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "man", "fsdp-train.1")
+    text = open(page).read()
+    helps = subprocess.run([a.train, "--help"], capture_output=True, text=True, check=True).stdout
+    for opt in sorted(set(re.findall(r"--[a-z][a-z0-9-]+", helps))):
+        assert opt.replace("-", "\\-") in text or opt in text, f"{opt} is not in {page}"
+    g = subprocess.run(["groff", "-man", "-ww", "-z", page], capture_output=True, text=True)
+    assert g.returncode == 0 and not g.stderr, g.stderr
+
+
+check("help_matches_man", help_matches_man)
+check("pytorch_gpt_and_adamw_equivalence", pytorch_equivalence)
+check("same_curve_full_shard", same_curve("FULL_SHARD"))
+check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
+check("resume_equivalence", resume_equivalence)
+check("killed_rank", killed_rank)
+check("sigterm_saves", sigterm_saves)
+check("env_launch", env_launch)
+check("latest_skips_incomplete", latest_skips_incomplete)
+check("bad_data", bad_data)
+finish()
