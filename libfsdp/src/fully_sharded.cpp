@@ -70,22 +70,32 @@ void FlatUnit::release() {
   full_ = torch::Tensor();
 }
 
-void FlatUnit::reduce_gradients() {
+torch::Tensor FlatUnit::take_gradients() {
   torch::NoGradGuard no_grad;
   torch::Tensor grads = torch::zeros({padded_}, shard_.options().requires_grad(false));
   for (Param& p : params_) {
     if (p.tensor.grad().defined()) grads.narrow(0, p.offset, p.numel).copy_(p.tensor.grad().reshape({-1}));
     p.tensor.mutable_grad() = torch::Tensor();
   }
-  torch::Tensor mine = torch::empty({shard_.numel()}, grads.options());
+  return grads;
+}
+
+void FlatUnit::add_grad(const torch::Tensor& slice) {
+  torch::NoGradGuard no_grad;
+  if (shard_.grad().defined()) shard_.mutable_grad().add_(slice);  // accumulation across backward calls
+  else shard_.mutable_grad() = slice.clone();
+}
+
+void FlatUnit::reduce_gradients() {
+  torch::Tensor grads = take_gradients();
   if (strategy_ == ShardingStrategy::kNoShard) {
     group_.all_reduce(grads, ReduceOp::kAvg);
-    mine = grads;
+    add_grad(grads);
   } else {
+    torch::Tensor mine = torch::empty({shard_.numel()}, grads.options());
     group_.reduce_scatter(mine, grads, ReduceOp::kAvg);
+    add_grad(mine);
   }
-  if (shard_.grad().defined()) shard_.mutable_grad().add_(mine);  // accumulation across backward calls
-  else shard_.mutable_grad() = mine;
 }
 
 void FlatUnit::load_full(const std::vector<torch::Tensor>& values) {
@@ -135,12 +145,19 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
 }
 
 torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
+  // The last unit's parameters are the first backward needs: under FULL_SHARD they stay gathered
+  // from its forward into backward, as PyTorch FSDP keeps the root's (no gather freed and redone).
+  std::size_t last = units_.size();
+  for (std::size_t j = 0; j < units_.size(); ++j) {
+    if (units_[j]) last = j;
+  }
   std::size_t i = 0;
   for (torch::nn::AnyModule& child : *model_) {
+    const bool keep = i == last;
     FlatUnit* unit = units_[i++].get();
     if (unit) unit->gather();
     x = child.forward(x);
-    if (unit && strategy_ == ShardingStrategy::kFullShard) {
+    if (unit && strategy_ == ShardingStrategy::kFullShard && !(keep && x.requires_grad())) {
       unit->release();
       // Gathered again when this unit's backward starts: the gradient of its output arrives.
       if (x.requires_grad()) {
@@ -156,11 +173,45 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
 
 void FullyShardedSequential::backward(const torch::Tensor& loss) {
   loss.backward();
+  std::vector<FlatUnit*> units;
   for (auto& unit : units_) {
-    if (!unit) continue;
-    unit->reduce_gradients();
-    unit->release();
+    if (unit) units.push_back(unit.get());
   }
+  bool one_dtype = true;
+  for (FlatUnit* u : units) one_dtype = one_dtype && u->shard().scalar_type() == units.front()->shard().scalar_type();
+  if (units.size() > 1 && one_dtype) {
+    torch::NoGradGuard no_grad;
+    const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : group_.size();
+    std::int64_t slice_total = 0;
+    for (FlatUnit* u : units) slice_total += u->shard().numel();
+    // Rank r's part of the bucket holds every unit's slice r, in unit order; reduce-scattered, each
+    // rank receives exactly its slices.
+    torch::Tensor bucket = torch::empty({world * slice_total}, units.front()->shard().options().requires_grad(false));
+    std::int64_t at = 0;
+    for (FlatUnit* u : units) {
+      const torch::Tensor g = u->take_gradients();
+      const std::int64_t n = u->shard().numel();
+      for (std::int64_t r = 0; r < world; ++r) bucket.narrow(0, r * slice_total + at, n).copy_(g.narrow(0, r * n, n));
+      at += n;
+    }
+    torch::Tensor mine;
+    if (strategy_ == ShardingStrategy::kNoShard) {
+      group_.all_reduce(bucket, ReduceOp::kAvg);
+      mine = bucket;
+    } else {
+      mine = torch::empty({slice_total}, bucket.options());
+      group_.reduce_scatter(mine, bucket, ReduceOp::kAvg);
+    }
+    at = 0;
+    for (FlatUnit* u : units) {
+      const std::int64_t n = u->shard().numel();
+      u->add_grad(mine.narrow(0, at, n));
+      at += n;
+    }
+  } else {
+    for (FlatUnit* u : units) u->reduce_gradients();
+  }
+  for (FlatUnit* u : units) u->release();
 }
 
 void FullyShardedSequential::release() {

@@ -65,9 +65,14 @@ int rank_main(const std::string& strategy) {
     auto [x, y] = batch(s);
     opt.zero_grad();
     auto out = m.forward(x.narrow(0, pg.rank() * per, per));
-    // FULL_SHARD holds no full parameters between forward and backward; SHARD_GRAD_OP keeps them
+    // FULL_SHARD holds no full parameters between forward and backward but the last unit's (the
+    // first backward needs, as FSDP keeps the root's); SHARD_GRAD_OP keeps them all
+    const fsdp::FlatUnit* last = nullptr;
     for (const auto& u : m.units()) {
-      if (u && u->gathered() != (strategy != "FULL_SHARD")) {
+      if (u) last = u.get();
+    }
+    for (const auto& u : m.units()) {
+      if (u && u->gathered() != (strategy != "FULL_SHARD" || u.get() == last)) {
         std::cerr << "rank " << pg.rank() << " " << strategy << ": a unit is " << (u->gathered() ? "" : "not ") << "gathered after forward\n";
         return 1;
       }

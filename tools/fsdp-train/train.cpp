@@ -170,18 +170,14 @@ class Trainer {
       }
       const double norm = c_.grad_clip > 0 ? opt_.clip_grad_norm(c_.grad_clip) : -1;
       opt_.step(lr);
-      // The global batch's mean loss, and whether any rank was asked to stop.
-      torch::Tensor shared = torch::tensor({local, static_cast<double>(g_stop_signal.load())}, torch::kFloat64);
-      torch::Tensor stop = shared.narrow(0, 1, 1).clone();
-      torch::Tensor loss_t = shared.narrow(0, 0, 1).clone();
-      pg_.all_reduce(loss_t, fsdp::ReduceOp::kAvg);
-      pg_.all_reduce(stop, fsdp::ReduceOp::kMax);
-      last_loss = loss_t.item<double>();
+      // One collective per step: every rank's loss (their mean is the global batch's), whether it
+      // was asked to stop, and its peak memory.
+      const Stats stats = gather_stats(local);
+      last_loss = stats.loss;
+      const std::vector<double>& rss = stats.rss;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tokens = static_cast<double>(c_.batch_size) * world_ * c_.accumulate * c_.block_size;
       const bool log_line = step % c_.log_every == 0 || step == c_.steps || step == start + 1;
-      std::vector<double> rss;
-      if (log_line || !c_.log_jsonl.empty()) rss = gather_rss();  // a collective: every rank decides alike
       if (rank_ == 0) {
         if (log_line && !c_.quiet) {
           char buf[256];
@@ -199,7 +195,7 @@ class Trainer {
         }
       }
       if (c_.eval_every > 0 && step % c_.eval_every == 0) last_val = evaluate(step);
-      const int signal = static_cast<int>(stop.item<double>());
+      const int signal = stats.signal;
       const bool stopping = signal != 0 || step == c_.stop_at_step;
       const bool save_now = !c_.ckpt_dir.empty() && ((c_.save_every > 0 && step % c_.save_every == 0) || step == c_.steps || stopping);
       if (save_now) save(step);
@@ -275,11 +271,25 @@ class Trainer {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
   }
 
-  std::vector<double> gather_rss() {
-    torch::Tensor mine = torch::tensor({peak_rss_mib()}, torch::kFloat64);
-    torch::Tensor all = torch::empty({world_}, torch::kFloat64);
+  struct Stats {
+    double loss = 0;           ///< the mean of every rank's loss
+    int signal = 0;            ///< a stop signal one of the ranks received, or 0
+    std::vector<double> rss;   ///< each rank's peak RSS, MiB
+  };
+
+  Stats gather_stats(double local_loss) {
+    torch::Tensor mine = torch::tensor({local_loss, static_cast<double>(g_stop_signal.load()), peak_rss_mib()}, torch::kFloat64);
+    torch::Tensor all = torch::empty({3 * world_}, torch::kFloat64);
     pg_.all_gather(all, mine);
-    return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + world_);
+    const double* v = all.data_ptr<double>();
+    Stats s;
+    for (int r = 0; r < world_; ++r) {
+      s.loss += v[3 * r];
+      if (v[3 * r + 1] != 0 && s.signal == 0) s.signal = static_cast<int>(v[3 * r + 1]);
+      s.rss.push_back(v[3 * r + 2]);
+    }
+    s.loss /= world_;
+    return s;
   }
 
   double evaluate(std::int64_t step) {

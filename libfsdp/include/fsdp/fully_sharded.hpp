@@ -46,6 +46,11 @@ class FlatUnit {
   /// The module's gradients, averaged over ranks, into shard().grad() (this rank's slice); the
   /// module's own gradients are cleared.
   void reduce_gradients();
+  /// The module's gradients as one padded flat buffer (zeros where a parameter has none); the
+  /// module's own gradients are cleared. reduce_gradients() is this, a collective, and add_grad.
+  torch::Tensor take_gradients();
+  /// Adds `slice` (laid out as shard()) to shard().grad().
+  void add_grad(const torch::Tensor& slice);
   /// Sets every parameter's full value (`values[i]` for params()[i], any world size's
   /// checkpoint); this rank keeps its slice. The full values are released.
   void load_full(const std::vector<torch::Tensor>& values);
@@ -77,7 +82,9 @@ class FullyShardedSequential {
 
   /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
   torch::Tensor forward(torch::Tensor input);
-  /// loss.backward(), then every unit's gradients reduce-scattered into its shard.
+  /// loss.backward(), then every unit's gradients reduce-scattered into its shard: one collective
+  /// for all units (a bucket laid out rank by rank, each rank's part the units' slices in order),
+  /// when they share a dtype.
   void backward(const torch::Tensor& loss);
   /// The shards: what the optimizer steps.
   std::vector<torch::Tensor> parameters();

@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The baseline for bench/train: the same GPT (tests/train/gpt.py), batches, AdamW, schedule and
+clipping as fsdp-train, in python3-torch's own loop: one process, or DDP on Gloo at world size N
+(each rank taking its contiguous part of the global batch, as fsdp-train does). Prints one JSON
+line: median step time over the steps after the first `skip`, and each rank's peak RSS."""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "train"))
+
+p = argparse.ArgumentParser()
+p.add_argument("--world", type=int, default=1)
+p.add_argument("--steps", type=int, default=30)
+p.add_argument("--skip", type=int, default=5)
+p.add_argument("--batch-size", type=int, default=8)
+p.add_argument("--data", required=True)
+p.add_argument("--n-layer", type=int, default=2)
+p.add_argument("--n-embd", type=int, default=64)
+p.add_argument("--n-head", type=int, default=4)
+p.add_argument("--block-size", type=int, default=64)
+p.add_argument("--port", type=int, default=29533)
+a = p.parse_args()
+
+
+def rank_main(rank, world, out):
+    import torch
+    import gpt
+    torch.set_num_threads(max(1, os.cpu_count() // world))
+    if world > 1:
+        import torch.distributed as dist
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(1337)
+    model = gpt.gpt(a.n_layer, a.n_head, a.n_embd, a.block_size, 256)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    tokens, train_end = gpt.text_tokens(a.data)
+    times = []
+    for step in range(1, a.steps + 1):
+        t0 = time.perf_counter()
+        x, y = gpt.batch(tokens, train_end, 1337, step, rank * a.batch_size, a.batch_size, a.block_size)
+        for g in opt.param_groups:
+            g["lr"] = gpt.learning_rate(step, 1e-3, a.steps, 10)
+        opt.zero_grad(set_to_none=True)
+        loss = gpt.loss(model, x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if world > 1:
+            t = loss.detach().clone()
+            torch.distributed.all_reduce(t)
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out.put((rank, statistics.median(times[a.skip:]), rss))
+
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+    if a.world == 1:
+        import queue
+        q = queue.Queue()
+        rank_main(0, 1, q)
+        results = [q.get()]
+    else:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=rank_main, args=(r, a.world, q)) for r in range(a.world)]
+        for pr in procs:
+            pr.start()
+        results = sorted(q.get() for _ in procs)
+        for pr in procs:
+            pr.join()
+    print(json.dumps({"step_time_s": max(r[1] for r in results), "peak_rss_mib": [round(r[2], 1) for r in results]}))
