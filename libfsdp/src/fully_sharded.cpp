@@ -82,12 +82,13 @@ torch::Tensor FlatUnit::take_gradients() {
 
 void FlatUnit::add_grad(const torch::Tensor& slice) {
   torch::NoGradGuard no_grad;
-  if (shard_.grad().defined()) shard_.mutable_grad().add_(slice);  // accumulation across backward calls
-  else shard_.mutable_grad() = slice.clone();
+  if (shard_.grad().defined()) shard_.mutable_grad().add_(slice.to(shard_.scalar_type()));  // accumulation across backward calls
+  else shard_.mutable_grad() = slice.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
-void FlatUnit::reduce_gradients() {
+void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
   torch::Tensor grads = take_gradients();
+  if (reduce_dtype) grads = grads.to(*reduce_dtype);
   if (strategy_ == ShardingStrategy::kNoShard) {
     group_.all_reduce(grads, ReduceOp::kAvg);
     add_grad(grads);
@@ -135,8 +136,8 @@ torch::Tensor FlatUnit::flatten_slice(const std::vector<torch::Tensor>& values) 
   return flat.narrow(0, rank * n, n).clone();
 }
 
-FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy)
-    : model_(std::move(model)), group_(group), strategy_(strategy) {
+FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed)
+    : model_(std::move(model)), group_(group), strategy_(strategy), mixed_(mixed) {
   const auto children = model_->named_children();
   for (const auto& child : children) {
     const bool has_params = !child.value()->parameters(true).empty();
@@ -171,11 +172,15 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
   return x;
 }
 
-void FullyShardedSequential::backward(const torch::Tensor& loss) {
+void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
   loss.backward();
   std::vector<FlatUnit*> units;
   for (auto& unit : units_) {
     if (unit) units.push_back(unit.get());
+  }
+  if (!sync) {
+    for (FlatUnit* u : units) u->release();
+    return;
   }
   bool one_dtype = true;
   for (FlatUnit* u : units) one_dtype = one_dtype && u->shard().scalar_type() == units.front()->shard().scalar_type();
@@ -186,7 +191,8 @@ void FullyShardedSequential::backward(const torch::Tensor& loss) {
     for (FlatUnit* u : units) slice_total += u->shard().numel();
     // Rank r's part of the bucket holds every unit's slice r, in unit order; reduce-scattered, each
     // rank receives exactly its slices.
-    torch::Tensor bucket = torch::empty({world * slice_total}, units.front()->shard().options().requires_grad(false));
+    const c10::ScalarType dtype = mixed_.reduce_dtype.value_or(units.front()->shard().scalar_type());
+    torch::Tensor bucket = torch::empty({world * slice_total}, units.front()->shard().options().dtype(dtype).requires_grad(false));
     std::int64_t at = 0;
     for (FlatUnit* u : units) {
       const torch::Tensor g = u->take_gradients();
@@ -209,7 +215,7 @@ void FullyShardedSequential::backward(const torch::Tensor& loss) {
       at += n;
     }
   } else {
-    for (FlatUnit* u : units) u->reduce_gradients();
+    for (FlatUnit* u : units) u->reduce_gradients(mixed_.reduce_dtype);
   }
   for (FlatUnit* u : units) u->release();
 }

@@ -115,6 +115,42 @@ def same_curve(strategy):
     return run
 
 
+def accumulation():
+    one, acc = os.path.join(work, "acc1.jsonl"), os.path.join(work, "acc2.jsonl")
+    train("--steps", "6", "--batch-size", "8", "--log-jsonl", one)
+    train("--steps", "6", "--batch-size", "2", "--accumulate", "2", "--log-jsonl", acc, nproc=2)
+    l1, l2 = losses(one), losses(acc)
+    bad = [(s, l1[s], l2[s]) for s in l1 if not close(l1[s], l2[s], 1e-4)]
+    assert sorted(l2) == sorted(l1) and not bad, f"losses differ: {bad}"
+
+
+def precision():
+    curves = {}
+    for prec in ("32-true", "bf16-mixed", "bf16-true"):
+        log = os.path.join(work, f"p-{prec}.jsonl")
+        d = os.path.join(work, f"p-{prec}")
+        train("--steps", "12", "--batch-size", "4", "--precision", prec, "--log-jsonl", log, "--ckpt-dir", d,
+              "--stop-at-step", "11", nproc=2)
+        curves[prec] = losses(log)
+        state = torch.load(merged(os.path.join(d, "step-00000011"), f"p-{prec}.pt", model_only=True), weights_only=True)["model"]
+        want = torch.bfloat16 if prec == "bf16-true" else torch.float32
+        assert all(t.dtype == want for t in state.values()), (prec, {t.dtype for t in state.values()})
+        if prec == "bf16-true":  # the same bf16 model in PyTorch gives our next loss, to bf16's precision
+            r = train("--steps", "12", "--batch-size", "8", "--precision", prec, "--ckpt-dir", d, "--resume", "latest",
+                      "--log-jsonl", log)
+            model = gpt.gpt(**SHAPE).to(torch.bfloat16)
+            model.load_state_dict(state, strict=True)
+            tokens, train_end = gpt.text_tokens(a.text)
+            x, y = gpt.batch(tokens, train_end, SEED, 12, 0, 8, SHAPE["block_size"])
+            theirs = gpt.loss(model, x, y).float().item()
+            assert close(theirs, losses(log)[12], 2e-2), (theirs, losses(log)[12])
+    for prec in ("bf16-mixed", "bf16-true"):
+        bad = [(s, curves["32-true"][s], curves[prec][s]) for s in range(1, 12)
+               if not close(curves["32-true"][s], curves[prec][s], 3e-2)]
+        assert not bad, f"{prec} strays from 32-true: {bad}"
+        assert curves[prec][11] < curves[prec][1] - 0.5, (prec, curves[prec])
+
+
 def resume_equivalence():
     straight, split = os.path.join(work, "rs"), os.path.join(work, "rp")
     train("--steps", "20", "--batch-size", "4", "--ckpt-dir", straight, "--log-jsonl", straight + ".jsonl", nproc=2)
@@ -256,6 +292,8 @@ check("help_matches_man", help_matches_man)
 check("pytorch_gpt_and_adamw_equivalence", pytorch_equivalence)
 check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
+check("accumulation_no_sync", accumulation)
+check("precision", precision)
 check("resume_equivalence", resume_equivalence)
 check("killed_rank", killed_rank)
 check("sigterm_saves", sigterm_saves)

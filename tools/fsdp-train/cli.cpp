@@ -27,7 +27,7 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   auto* t = "Training";
   app->add_option("--steps", c.steps, "optimizer steps in all (a resumed run continues up to this step)")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))->group(t);
   app->add_option("-b,--batch-size", c.batch_size, "sequences per rank per micro-batch (the global batch is this x ranks x --accumulate)")->check(CLI::Range(1, 1 << 20))->group(t);
-  app->add_option("--accumulate", c.accumulate, "micro-batches per optimizer step")->check(CLI::Range(1, 1 << 16))->group(t);
+  app->add_option("--accumulate", c.accumulate, "micro-batches per optimizer step (gradients reduced once, after the last: no_sync)")->check(CLI::Range(1, 1 << 16))->group(t);
   app->add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber)->group(t);
   app->add_option("--min-lr", c.min_lr, "learning rate at the last step of the cosine decay (default: --lr / 10)")->group(t);
   app->add_option("--warmup", c.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber)->group(t);
@@ -43,6 +43,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   auto* s = "Strategy";
   app->add_option("--sharding-strategy", c.sharding_strategy, "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->group(s);
+  app->add_option("--precision", c.precision,
+                  "32-true; bf16-mixed (fp32 parameters and optimizer, bfloat16 autocast compute and gradient reduction, "
+                  "as Lightning's); bf16-true (the model itself in bfloat16)")
+      ->check(CLI::IsMember({"32-true", "bf16-mixed", "bf16-true"}))->group(s);
   app->add_option("--backend", c.backend, "gloo (CPU) or nccl (CUDA builds)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);
   app->add_option("--timeout", c.timeout, "seconds a collective may wait for the other ranks")->check(CLI::PositiveNumber)->group(s);
   app->add_option("--threads", c.threads, "intra-op threads per rank (0: the machine's cores shared among the local ranks)")->check(CLI::Range(0, 4096))->group(s);

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -101,6 +102,7 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   put("grad_clip", pk::make_float(c.grad_clip));
   put("seed", pk::make_int(static_cast<std::int64_t>(c.seed)));
   put("sharding_strategy", pk::make_str(c.sharding_strategy));
+  put("precision", pk::make_str(c.precision));
   return pk::make_dict(std::move(d));
 }
 
@@ -141,8 +143,8 @@ class Trainer {
   Trainer(const TrainConfig& c, fsdp::ProcessGroup& pg)
       : c_(c), pg_(pg), rank_(pg.rank()), world_(pg.size()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
-        model_((torch::manual_seed(c.seed), make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size}))),
-        fsdp_(model_, pg, fsdp::sharding_strategy_from_string(c.sharding_strategy)),
+        model_(build_model(c)),
+        fsdp_(model_, pg, fsdp::sharding_strategy_from_string(c.sharding_strategy), mixed_precision(c)),
         opt_(fsdp_, optimizer_options(c)) {}
 
   int run() {
@@ -164,8 +166,8 @@ class Trainer {
       double local = 0;
       for (int m = 0; m < c_.accumulate; ++m) {
         auto [x, y] = batch(step, m, false);
-        torch::Tensor loss = loss_of(fsdp_.forward(x), y) / c_.accumulate;
-        fsdp_.backward(loss);
+        torch::Tensor loss = forward_loss(x, y) / c_.accumulate;
+        fsdp_.backward(loss, /*sync=*/m + 1 == c_.accumulate);  // no_backward_sync until the last micro-batch
         local += loss.item<double>();
       }
       const double norm = c_.grad_clip > 0 ? opt_.clip_grad_norm(c_.grad_clip) : -1;
@@ -223,6 +225,44 @@ class Trainer {
   }
 
  private:
+  static torch::nn::Sequential build_model(const TrainConfig& c) {
+    torch::manual_seed(c.seed);
+    torch::nn::Sequential m = make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size});
+    if (c.precision == "bf16-true") m->to(torch::kBFloat16);
+    return m;
+  }
+
+  static fsdp::MixedPrecision mixed_precision(const TrainConfig& c) {
+    fsdp::MixedPrecision mp;
+    if (c.precision != "32-true") mp.reduce_dtype = torch::kBFloat16;
+    return mp;
+  }
+
+  /// Lightning's "bf16-mixed": forward and loss under CPU autocast to bfloat16.
+  class Autocast {
+   public:
+    explicit Autocast(bool on) : on_(on) {
+      if (!on_) return;
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_cpu_enabled(true);
+    }
+    ~Autocast() {
+      if (!on_) return;
+      at::autocast::set_cpu_enabled(false);
+      at::autocast::clear_cache();
+    }
+    Autocast(const Autocast&) = delete;
+    Autocast& operator=(const Autocast&) = delete;
+
+   private:
+    bool on_;
+  };
+
+  torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& y) {
+    Autocast autocast(c_.precision == "bf16-mixed");
+    return loss_of(fsdp_.forward(x), y).to(torch::kFloat32);
+  }
+
   static fsdp::OptimizerOptions optimizer_options(const TrainConfig& c) {
     fsdp::OptimizerOptions o;
     o.kind = fsdp::optimizer_from_string(c.optimizer);
@@ -244,7 +284,7 @@ class Trainer {
       if (u) for (const auto& p : u->params()) params += p.numel;
     }
     return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
-           c_.sharding_strategy + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
+           c_.sharding_strategy + ", " + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
            std::to_string(c_.block_size) + " tokens, data " + data_.source + " (" + std::to_string(data_.tokens.size()) + " tokens)" +
            (start > 0 ? ", resuming after step " + std::to_string(start) : "");
   }
@@ -297,7 +337,7 @@ class Trainer {
     double sum = 0;
     for (int k = 0; k < c_.eval_batches; ++k) {
       auto [x, y] = batch(-1 - k, 0, true);
-      sum += loss_of(fsdp_.forward(x), y).item<double>();
+      sum += forward_loss(x, y).item<double>();
     }
     fsdp_.release();
     torch::Tensor v = torch::tensor({sum / c_.eval_batches}, torch::kFloat64);

@@ -12,7 +12,10 @@
 
 #include <torch/nn/modules/container/sequential.h>
 
+#include <c10/core/ScalarType.h>
+
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,11 +48,11 @@ class FlatUnit {
   void release();
   /// The module's gradients, averaged over ranks, into shard().grad() (this rank's slice); the
   /// module's own gradients are cleared.
-  void reduce_gradients();
+  void reduce_gradients(std::optional<c10::ScalarType> reduce_dtype = std::nullopt);
   /// The module's gradients as one padded flat buffer (zeros where a parameter has none); the
   /// module's own gradients are cleared. reduce_gradients() is this, a collective, and add_grad.
   torch::Tensor take_gradients();
-  /// Adds `slice` (laid out as shard()) to shard().grad().
+  /// Adds `slice` (laid out as shard(), any dtype: cast to the shard's) to shard().grad().
   void add_grad(const torch::Tensor& slice);
   /// Sets every parameter's full value (`values[i]` for params()[i], any world size's
   /// checkpoint); this rank keeps its slice. The full values are released.
@@ -76,16 +79,26 @@ class FlatUnit {
   torch::Tensor shard_, full_;
 };
 
+/// FSDP's MixedPrecision, the part libfsdp implements: gradients are cast to `reduce_dtype` for
+/// the reduction (half the bytes on the wire for bfloat16) and back to the shard's dtype after. The
+/// compute dtype is the caller's: autocast (Lightning's "bf16-mixed"), or a model converted before
+/// wrapping ("bf16-true").
+struct MixedPrecision {
+  std::optional<c10::ScalarType> reduce_dtype;
+};
+
 class FullyShardedSequential {
  public:
-  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy);
+  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {});
 
   /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
   torch::Tensor forward(torch::Tensor input);
   /// loss.backward(), then every unit's gradients reduce-scattered into its shard: one collective
   /// for all units (a bucket laid out rank by rank, each rank's part the units' slices in order),
   /// when they share a dtype.
-  void backward(const torch::Tensor& loss);
+  /// With `sync` false (FSDP's no_sync, for gradient accumulation): loss.backward() alone, the
+  /// gradients kept unsharded in the module until a backward with `sync` reduces their sum.
+  void backward(const torch::Tensor& loss, bool sync = true);
   /// The shards: what the optimizer steps.
   std::vector<torch::Tensor> parameters();
   /// Every parameter's full value by FQN, in the model's order (gathered from every rank; a
@@ -103,6 +116,7 @@ class FullyShardedSequential {
   torch::nn::Sequential model_;
   ProcessGroup& group_;
   ShardingStrategy strategy_;
+  MixedPrecision mixed_;
   std::vector<std::unique_ptr<FlatUnit>> units_;  ///< one per child with parameters (nullptr otherwise)
 };
 
