@@ -88,6 +88,7 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
     c.tensors.back().position = c.tensors.size() - 1;
   }
   for (auto& [name, v] : f.objects) c.objects.push_back({name, c.tensors.size() + c.objects.size(), v, std::nullopt});
+  for (auto& [name, keys] : f.key_paths) c.planner_data.emplace(name, pickle::make_tuple(keys));
   c.meta_trees.emplace_back(path.filename().string(), f.root);
   return c;
 }

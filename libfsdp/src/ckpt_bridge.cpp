@@ -193,6 +193,57 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   }
 }
 
+void save_full(const std::filesystem::path& file, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
+  namespace pk = ckpt::pickle;
+  torch::NoGradGuard no_grad;
+  const bool writer = group.rank() == 0;
+  ckpt::TorchSaveBuilder builder;
+  auto tensor_value = [&](const torch::Tensor& t) {
+    const std::size_t storage = builder.add_storage(to_ckpt(t.scalar_type()), bytes_of(t));
+    return builder.tensor(storage, t.sizes().vec());
+  };
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> model_items;
+  std::vector<std::string> fqns;
+  for (const auto& [name, t] : model.full_state_dict()) {  // a collective
+    if (writer) model_items.emplace_back(pk::make_str(name), tensor_value(t));
+    fqns.push_back(name);
+  }
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> root;
+  if (o.meta && o.meta->dict_items()) root = *o.meta->dict_items();
+  root.emplace_back(pk::make_str(o.model_key), pk::make_dict(std::move(model_items)));
+  if (o.optimizer) {
+    std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> state;
+    for (std::size_t u = 0; u < model.units().size(); ++u) {
+      const auto& unit = model.units()[u];
+      if (!unit) continue;
+      std::map<std::string, std::vector<torch::Tensor>> full;
+      for (const auto& b : o.optimizer->buffer_names()) full[b] = unit->unflatten(o.optimizer->buffer(u, b));  // collectives
+      if (!writer) continue;
+      for (std::size_t i = 0; i < unit->params().size(); ++i) {
+        std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> per;
+        if (o.optimizer->options().kind == OptimizerKind::kAdamW) {
+          per.emplace_back(pk::make_str("step"), tensor_value(torch::tensor(static_cast<float>(o.optimizer->steps()))));
+        }
+        for (auto& [b, values] : full) per.emplace_back(pk::make_str(b), tensor_value(values[i]));
+        state.emplace_back(pk::make_str(unit->params()[i].fqn), pk::make_dict(std::move(per)));
+      }
+    }
+    root.emplace_back(pk::make_str(o.optimizer_key),
+                      pk::make_dict({{pk::make_str("state"), pk::make_dict(std::move(state))},
+                                     {pk::make_str("param_groups"), param_groups(*o.optimizer, fqns)}}));
+  }
+  if (writer) {
+    try {
+      auto sink = ckpt::open_file_sink(file, ckpt::Overwrite::kYes);
+      builder.write(*sink, *pk::make_dict(std::move(root)));
+      sink->commit();
+    } catch (const ckpt::Error& e) {
+      throw Error("rank 0: saving " + file.string() + ": " + e.what());
+    }
+  }
+  group.barrier();
+}
+
 ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group,
                                     const LoadOptions& o) {
   const std::string who = "rank " + std::to_string(group.rank()) + ": loading " + dir.string();
@@ -220,7 +271,11 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       if (c.find_tensor(step)) steps = static_cast<std::int64_t>(read_full(c, reader, step, {}, who).item<double>());
     }
     if (o.optimizer) o.optimizer->set_steps(steps.value_or(0));
-    if (std::filesystem::exists(dir / "meta.pt")) meta = ckpt::read_torch_save(ckpt::open_file(dir / "meta.pt")).root;
+    if (std::filesystem::is_regular_file(dir)) {
+      meta = ckpt::read_torch_save(ckpt::open_file(dir)).root;
+    } else if (std::filesystem::exists(dir / "meta.pt")) {
+      meta = ckpt::read_torch_save(ckpt::open_file(dir / "meta.pt")).root;
+    }
   } catch (const ckpt::Error& e) {
     throw Error(who + ": " + e.what());
   }

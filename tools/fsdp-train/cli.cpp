@@ -66,8 +66,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--stop-at-step", c.stop_at_step,
                   "save and exit 0 after this step, as on SIGTERM; the learning-rate schedule still ends at --steps "
                   "(for runs split across time-limited jobs)")->check(CLI::NonNegativeNumber)->group(k);
-  app->add_option("--state-dict-type", c.state_dict_type, "sharded (DCP, as FSDP's SHARDED_STATE_DICT and Lightning save it)")
-      ->check(CLI::IsMember({"sharded"}))->group(k);
+  app->add_option("--state-dict-type", c.state_dict_type,
+                  "sharded (a DCP directory, as FSDP's SHARDED_STATE_DICT and Lightning save it) or full (one torch.save file "
+                  "step-N.pt written by rank 0, as Lightning's full checkpoint)")
+      ->check(CLI::IsMember({"sharded", "full"}))->group(k);
   return app;
 }
 

@@ -58,7 +58,8 @@ std::string step_dir_name(std::int64_t step) {
   return buf;
 }
 
-/// Complete checkpoints (with .metadata) and incomplete ones in `dir`, by step.
+/// The checkpoints in `dir`, by step: complete ones (a step-N directory with .metadata, or a
+/// step-N.pt file, which appears only whole) and incomplete ones (a directory without .metadata).
 struct StepDirs {
   std::vector<std::pair<std::int64_t, fs::path>> complete, incomplete;
 };
@@ -68,11 +69,13 @@ StepDirs list_step_dirs(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.size() != 13 || name.rfind("step-", 0) != 0) continue;
+    std::string name = e.path().filename().string();
+    const bool file = e.is_regular_file() && name.size() == 16 && name.ends_with(".pt");
+    if (file) name.resize(13);
+    if (!(file || e.is_directory()) || name.size() != 13 || name.rfind("step-", 0) != 0) continue;
     if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
     const std::int64_t step = std::stoll(name.substr(5));
-    (fs::exists(e.path() / ".metadata") ? out.complete : out.incomplete).emplace_back(step, e.path());
+    (file || fs::exists(e.path() / ".metadata") ? out.complete : out.incomplete).emplace_back(step, e.path());
   }
   std::sort(out.complete.begin(), out.complete.end());
   std::sort(out.incomplete.begin(), out.incomplete.end());
@@ -351,7 +354,8 @@ class Trainer {
   }
 
   void save(std::int64_t step) {
-    const fs::path dir = fs::path(c_.ckpt_dir) / step_dir_name(step);
+    const bool full = c_.state_dict_type == "full";
+    const fs::path dir = fs::path(c_.ckpt_dir) / (step_dir_name(step) + (full ? ".pt" : ""));
     std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> meta;
     auto put = [&](const char* k, pk::ValuePtr v) { meta.emplace_back(pk::make_str(k), std::move(v)); };
     put("format", pk::make_str("fsdp-train"));
@@ -367,9 +371,13 @@ class Trainer {
     o.optimizer = &opt_;
     o.meta = pk::make_dict(std::move(meta));
     const auto t0 = std::chrono::steady_clock::now();
-    if (rank_ == 0) fs::create_directories(dir);
+    if (rank_ == 0) fs::create_directories(full ? dir.parent_path() : dir);
     pg_.barrier();
-    fsdp::save_sharded(dir, fsdp_, pg_, o);
+    if (full) {
+      fsdp::save_full(dir, fsdp_, pg_, o);
+    } else {
+      fsdp::save_sharded(dir, fsdp_, pg_, o);
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rank_ == 0) {
       char buf[64];
@@ -381,7 +389,7 @@ class Trainer {
         for (std::size_t i = 0; n > keep && i < n - keep; ++i) {
           if (dirs.complete[i].first >= step) continue;
           // Not a checkpoint any more before anything else goes.
-          fs::remove(dirs.complete[i].second / ".metadata");
+          if (fs::is_directory(dirs.complete[i].second)) fs::remove(dirs.complete[i].second / ".metadata");
           fs::remove_all(dirs.complete[i].second);
         }
       }
@@ -405,7 +413,9 @@ class Trainer {
       }
       path = dirs.complete.back().second;
     }
-    if (!fs::exists(path / ".metadata")) throw std::runtime_error(path.string() + ": not a complete checkpoint (no .metadata)");
+    if (!fs::is_regular_file(path) && !fs::exists(path / ".metadata")) {
+      throw std::runtime_error(path.string() + ": not a complete checkpoint (no .metadata)");
+    }
     fsdp::LoadOptions o;
     o.optimizer = &opt_;
     const pk::ValuePtr meta = fsdp::load_sharded(path, fsdp_, pg_, o);

@@ -90,7 +90,9 @@ struct Checkpoint {
   std::vector<std::string> notes;     ///< provenance details ("Metadata has extra attribute 'mcore_data'")
   /// Raw metadata trees by name ("meta.pt", "common.pt", and ".metadata" with MetaTrees::kKeep).
   std::vector<std::pair<std::string, pickle::ValuePtr>> meta_trees;
-  /// DCP: planner_data, FQN -> path of keys (str or int), when the checkpoint has it.
+  /// DCP: planner_data, FQN -> path of keys (str or int), when the checkpoint has it. torch.save:
+  /// the same for each leaf reached through dicts and lists (TorchSaveFile::key_paths), so that
+  /// merge rebuilds the nesting.
   std::map<std::string, pickle::ValuePtr> planner_data;
 
   const TensorEntry* find_tensor(std::string_view name) const noexcept;

@@ -66,6 +66,7 @@ class TreeReader {
       t->name = path;
       t->node = v;
       file_.tensors.push_back(std::move(*t));
+      record_keys(path);
       return;
     }
     const auto* items = v->dict_items();
@@ -74,17 +75,21 @@ class TreeReader {
     const bool walkable = items || seq || (o && (!o->list_items.empty() || !o->dict_items.empty() || (o->state && o->state->dict_items())));
     if (!walkable) {
       file_.objects.emplace_back(path, v);
+      record_keys(path);
       return;
     }
     if (!visited_.insert(v.get()).second) return;  // shared containers are listed once
     if (items) {
-      for (const auto& [k, x] : *items) walk(x, join(path, key_text(*k)));
+      for (const auto& [k, x] : *items) walk_under(k, x, join(path, key_text(*k)));
     } else if (seq) {
-      for (std::size_t i = 0; i < seq->size(); ++i) walk((*seq)[i], join(path, std::to_string(i)));
+      for (std::size_t i = 0; i < seq->size(); ++i) walk_under(pickle::make_int(static_cast<std::int64_t>(i)), (*seq)[i], join(path, std::to_string(i)));
     } else {
+      // An object's items: their names, but no key path a plain dict could rebuild.
+      keys_.push_back(nullptr);
       for (std::size_t i = 0; i < o->list_items.size(); ++i) walk(o->list_items[i], join(path, std::to_string(i)));
       for (const auto& [k, x] : o->dict_items) walk(x, join(path, key_text(*k)));
       if (o->state) walk_state(o->state, path);
+      keys_.pop_back();
     }
   }
 
@@ -133,6 +138,18 @@ class TreeReader {
     if (cls && cls->kind == GlobalKind::kUntypedStorage) dtype = DType::kUInt8;  // bytes, dtype unknown here
     std::shared_ptr<Value> holder(std::shared_ptr<Value>{}, const_cast<Value*>(&node));
     storage(node, holder, dtype);
+  }
+
+  // `x` under key `k` (a str or an int keeps the path rebuildable; anything else does not).
+  void walk_under(const ValuePtr& k, const ValuePtr& x, const std::string& path) {
+    keys_.push_back(k && (k->str() || k->int64()) ? k : nullptr);
+    walk(x, path);
+    keys_.pop_back();
+  }
+
+  void record_keys(const std::string& name) {
+    if (keys_.empty() || std::find(keys_.begin(), keys_.end(), nullptr) != keys_.end()) return;
+    file_.key_paths.emplace(name, keys_);  // the first of two leaves whose names collide keeps its path
   }
 
   void walk_state(const ValuePtr& state, const std::string& path) {
@@ -317,6 +334,7 @@ class TreeReader {
   }
 
   TorchSaveFile& file_;
+  std::vector<ValuePtr> keys_;  ///< the keys from the root to the value walk() is at
   const detail::ZipReader& zip_;
   std::string pkl_;
   std::unordered_set<const Value*> visited_;

@@ -34,6 +34,14 @@ struct SaveOptions {
 /// whole. A collective: every rank calls it. Throws fsdp::Error.
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
 
+/// Saves `model`'s full state dict (FSDP's FULL_STATE_DICT) as one torch.save file, written by
+/// rank 0 alone (atomically: a temporary file renamed into place), laid out as Lightning's full
+/// checkpoint: the entries of `options.meta` (a dict) at the top level, `model` (FQN -> tensor)
+/// and, with an optimizer, `optimizer` (FSDP's full optim state dict: `state` keyed by FQN with
+/// `step`, the buffers; `param_groups`). Every rank gathers (a collective); rank 0 holds the whole
+/// state while it writes. Throws fsdp::Error.
+void save_full(const std::filesystem::path& file, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
+
 struct LoadOptions {
   std::string model_key = "model";
   /// Also loads this optimizer's buffers and step count (saved as SaveOptions describes).
@@ -41,7 +49,9 @@ struct LoadOptions {
   std::string optimizer_key = "optimizer";
 };
 
-/// Loads `model`'s parameters from a DCP directory (ours or PyTorch's) written at any world size:
+/// Loads `model`'s parameters from a DCP directory (ours or PyTorch's) written at any world size,
+/// or from a torch.save file (save_full's, Lightning's full or consolidated checkpoint, whose
+/// top-level object is then what is returned):
 /// each parameter `<key>.<parameter>` is assembled from whatever chunks hold it and this rank
 /// keeps its slice of each unit. Every parameter must be there with its shape; a dtype that differs
 /// is cast as copy_ casts. Returns the object `meta.pt` holds (null when there is none). Throws
