@@ -115,6 +115,32 @@ def test_megatron():
     assert t and all(isinstance(v, torch.Tensor) for v in t.values()), "a non-tensor slipped through the filters"
 
 
+def test_torch_save_input():
+    # PyTorch writes both files; merge must keep the str-keyed nesting of the first, and flatten the
+    # second (a torch.optim state dict: int keys, a tuple) whole, never a mix.
+    nested = os.path.join(work, "nested_in.pt")
+    obj = {"model": {"a.weight": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2, dtype=torch.bfloat16)},
+           "extra": {"deep": {"t": torch.tensor([1, 2], dtype=torch.int64)}, "name": "x"}, "epoch": 3}
+    torch.save(obj, nested)
+    out = os.path.join(work, "nested_out.pt")
+    merge(nested, "-o", out)
+    got = load(out)
+    assert list(got) == list(obj) and list(got["model"]) == list(obj["model"]), list(got)
+    assert torch.equal(got["model"]["a.weight"], obj["model"]["a.weight"]) and torch.equal(got["extra"]["deep"]["t"], obj["extra"]["deep"]["t"])
+    assert got["extra"]["name"] == "x" and got["epoch"] == 3
+    merge(nested, "-o", out, "--model-only", "--force")
+    got = load(out)
+    assert list(got) == ["model"] and torch.equal(got["model"]["b"], obj["model"]["b"]), got
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.5, momentum=0.9)
+    opt.state[opt.param_groups[0]["params"][0]] = {"momentum_buffer": torch.full((2,), 2.0)}
+    flat_in = os.path.join(work, "optim_in.pt")
+    torch.save({"model": {"w": torch.ones(2)}, "optimizer": opt.state_dict()}, flat_in)
+    merge(flat_in, "-o", out, "--force")
+    got = torch.load(out)  # param_groups hold floats, which 1.13's restricted loader refuses
+    assert "model.w" in got and torch.equal(got["optimizer.state.0.momentum_buffer"], torch.full((2,), 2.0)), sorted(got)
+    assert not any(isinstance(v, dict) for v in got.values()), sorted(got)
+
+
 def same_cast(got, want, where):
     """Bit for bit, except that a NaN's bits may differ: torch 1.13's own CPU cast gives a NaN
     0xFFFF in bfloat16 inside its vector loop and 0x7FC0 in the scalar tail (and keeps the payload
@@ -344,6 +370,7 @@ check("our 2.x-layout DCP, 3 ranks: merge == dcp_to_torch_save's nesting of torc
 check("our 2.x-layout DCP, 2 ranks, stream.zstd/1 items: merge == PyTorch's merge", test_2x(2, "zstd"))
 check("Lightning folder: meta.pt keys merged in last, replacing in place, as consolidate_checkpoint does", test_lightning)
 check("--layout flat: {fqn: value}", test_flat)
+check("torch.save input: str-keyed nesting kept (and --model-only), else every entry flat", test_torch_save_input)
 if os.path.isdir(a.shared):
     check("real torch 2.4 Megatron checkpoint: merge == PyTorch's merge", test_megatron)
 else:

@@ -65,8 +65,8 @@ struct TorchSaveFile {
   /// The other leaves of the tree (ints, strings, objects of other classes), named like tensors.
   std::vector<std::pair<std::string, pickle::ValuePtr>> objects;
   std::map<std::string, std::size_t> storage_index;  ///< key -> index
-  /// Leaf name -> the keys (str, or int list indices) that lead to it from the root, for the
-  /// leaves reached through dicts and lists alone: how to rebuild the nesting the name flattens.
+  /// Leaf name -> the str keys that lead to it from the root, for the leaves reached through
+  /// str-keyed dicts alone: how to rebuild the nesting the name flattens.
   std::map<std::string, std::vector<pickle::ValuePtr>> key_paths;
 };
 

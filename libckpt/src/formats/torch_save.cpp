@@ -82,7 +82,8 @@ class TreeReader {
     if (items) {
       for (const auto& [k, x] : *items) walk_under(k, x, join(path, key_text(*k)));
     } else if (seq) {
-      for (std::size_t i = 0; i < seq->size(); ++i) walk_under(pickle::make_int(static_cast<std::int64_t>(i)), (*seq)[i], join(path, std::to_string(i)));
+      // A list or tuple's items: named by index, but a plain dict path cannot say list from tuple.
+      for (std::size_t i = 0; i < seq->size(); ++i) walk_under(nullptr, (*seq)[i], join(path, std::to_string(i)));
     } else {
       // An object's items: their names, but no key path a plain dict could rebuild.
       keys_.push_back(nullptr);
@@ -140,9 +141,10 @@ class TreeReader {
     storage(node, holder, dtype);
   }
 
-  // `x` under key `k` (a str or an int keeps the path rebuildable; anything else does not).
+  // `x` under dict key `k`: a str key keeps the path rebuildable (DCP's convention, where an int is
+  // a list index, leaves no room for int dict keys such as torch.optim's state has).
   void walk_under(const ValuePtr& k, const ValuePtr& x, const std::string& path) {
-    keys_.push_back(k && (k->str() || k->int64()) ? k : nullptr);
+    keys_.push_back(k && k->str() ? k : nullptr);
     walk(x, path);
     keys_.pop_back();
   }

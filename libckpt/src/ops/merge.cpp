@@ -121,7 +121,9 @@ class Merger {
 
  private:
   bool selected(const std::string& name, const std::optional<Key>& top) const {
-    if (o_.model_only && (!top || top->is_int || top->text != "model")) return false;
+    // A torch.save leaf without a key path is named by its flattened keys: "model.<fqn>".
+    const bool flat_model = c_.format == Format::kTorchSave && !c_.planner_data.count(name) && name.starts_with("model.");
+    if (o_.model_only && !flat_model && (!top || top->is_int || top->text != "model")) return false;
     return filters_select(o_.filters, name);
   }
 
@@ -168,6 +170,14 @@ class Merger {
       }
       if (l.object) l.value = import(*l.object);
       leaves_.push_back(std::move(l));
+    }
+    // A torch.save input keeps its nesting only when every leaf written has its key path; else
+    // every leaf is written under its flattened name, never a mix of the two.
+    if (c_.format == Format::kTorchSave) {
+      const bool keyed = std::all_of(leaves_.begin(), leaves_.end(), [&](const Leaf& l) { return c_.planner_data.count(l.name) > 0; });
+      if (!keyed) {
+        for (Leaf& l : leaves_) l.path = {Key{false, l.name, 0}};
+      }
     }
     // Lightning's meta.pt: its top-level keys, merged in after the DCP part.
     if (o_.format == MergeFormat::kTorch) {
