@@ -1,9 +1,46 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fsdp/fully_sharded.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace fsdp {
+namespace {
+
+/// One child run under reentrant activation checkpointing: forward without a graph, keeping only
+/// the input; backward runs the child's forward again with grad (and forward's autocast state)
+/// and backpropagates through it, which accumulates the parameters' gradients as usual.
+struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, torch::nn::AnyModule* child) {
+    ctx->saved_data["child"] = reinterpret_cast<std::int64_t>(child);
+    ctx->saved_data["autocast"] = at::autocast::is_cpu_enabled();
+    ctx->saved_data["autocast_dtype"] = static_cast<std::int64_t>(at::autocast::get_autocast_cpu_dtype());
+    ctx->save_for_backward({x});
+    return child->forward(x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    auto* child = reinterpret_cast<torch::nn::AnyModule*>(ctx->saved_data["child"].toInt());
+    torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad_on(true);
+      const bool autocast = ctx->saved_data["autocast"].toBool();
+      const bool was = at::autocast::is_cpu_enabled();
+      const c10::ScalarType was_dtype = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_autocast_cpu_dtype(static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      at::autocast::set_cpu_enabled(autocast);
+      out = child->forward(x);
+      at::autocast::set_cpu_enabled(was);
+      at::autocast::set_autocast_cpu_dtype(was_dtype);
+      if (autocast) at::autocast::clear_cache();
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
 
 std::string_view to_string(ShardingStrategy s) noexcept {
   switch (s) {
@@ -157,7 +194,11 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
     const bool keep = i == last;
     FlatUnit* unit = units_[i++].get();
     if (unit) unit->gather();
-    x = child.forward(x);
+    if (checkpointed_.size() > i - 1 && checkpointed_[i - 1] && x.requires_grad() && torch::GradMode::is_enabled()) {
+      x = CheckpointedChild::apply(x, &child);
+    } else {
+      x = child.forward(x);
+    }
     if (unit && strategy_ == ShardingStrategy::kFullShard && !(keep && x.requires_grad())) {
       unit->release();
       // Gathered again when this unit's backward starts: the gradient of its output arrives.
@@ -218,6 +259,11 @@ void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
     for (FlatUnit* u : units) u->reduce_gradients(mixed_.reduce_dtype);
   }
   for (FlatUnit* u : units) u->release();
+}
+
+void FullyShardedSequential::set_activation_checkpointing(std::function<bool(const std::string& child)> which) {
+  checkpointed_.clear();
+  for (const auto& child : model_->named_children()) checkpointed_.push_back(which && which(child.key()));
 }
 
 void FullyShardedSequential::release() {

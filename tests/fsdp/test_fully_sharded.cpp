@@ -49,11 +49,27 @@ std::vector<std::pair<std::string, torch::Tensor>> reference() {
   return out;
 }
 
+// An identity that counts its forwards: under activation checkpointing it runs twice a step.
+struct CounterImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++calls;
+    return x;
+  }
+  int calls = 0;
+};
+TORCH_MODULE(Counter);
+
 int rank_main(const std::string& strategy) {
   std::map<std::string, std::string> env;
   for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = std::getenv(k);
   fsdp::ProcessGroup pg(*fsdp::Rendezvous::from_environment(env), fsdp::Backend::kGloo, std::chrono::seconds(60));
-  fsdp::FullyShardedSequential m(model(), pg, fsdp::sharding_strategy_from_string(strategy));
+  // FSDP_TEST_CHECKPOINT: every child under activation checkpointing, a counter last.
+  const bool checkpointing = std::getenv("FSDP_TEST_CHECKPOINT") != nullptr;
+  torch::nn::Sequential seq = model();
+  Counter counter;
+  if (checkpointing) seq->push_back("counter", counter);
+  fsdp::FullyShardedSequential m(seq, pg, fsdp::sharding_strategy_from_string(strategy));
+  if (checkpointing) m.set_activation_checkpointing([](const std::string&) { return true; });
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.1));
   const int per = kBatch / pg.size();
   // A resumed run: steps [from, to) after loading what an earlier run saved (any world size).
@@ -88,6 +104,11 @@ int rank_main(const std::string& strategy) {
         return 1;
       }
     }
+  }
+  if (checkpointing && counter->calls != 2 * (to - from)) {
+    std::cerr << "rank " << pg.rank() << ": the checkpointed counter ran " << counter->calls << " times in " << (to - from)
+              << " steps, not twice a step\n";
+    return 1;
   }
   if (const char* dir = std::getenv("FSDP_TEST_SAVE_DIR")) fsdp::save_sharded(dir, m, pg);
   if (to != kSteps) return 0;  // the first half of a resumed run: nothing to compare yet
@@ -162,6 +183,13 @@ int main(int argc, char** argv) {
     ::unsetenv("FSDP_TEST_LOAD_DIR");
     std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
     std::cout << (ok ? "ok   " : "FAIL ") << "3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps\n";
+    (ok ? passed : failed)++;
+  }
+  {
+    ::setenv("FSDP_TEST_CHECKPOINT", "1", 1);
+    const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
+    ::unsetenv("FSDP_TEST_CHECKPOINT");
+    std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 2 with activation checkpointing (each child run again in backward) equals single-process training\n";
     (ok ? passed : failed)++;
   }
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}) {

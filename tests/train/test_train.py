@@ -180,6 +180,18 @@ def precision():
         assert curves[prec][11] < curves[prec][1] - 0.5, (prec, curves[prec])
 
 
+def activation_checkpointing():
+    for strategy, prec in (("FULL_SHARD", "32-true"), ("SHARD_GRAD_OP", "bf16-mixed")):
+        logs = []
+        for ac in ([], ["--activation-checkpointing"]):
+            logs.append(os.path.join(work, f"ac-{strategy}-{len(ac)}.jsonl"))
+            train("--steps", "5", "--batch-size", "4", "--sharding-strategy", strategy, "--precision", prec, *ac,
+                  "--log-jsonl", logs[-1], nproc=2)
+        plain, recomputed = losses(logs[0]), losses(logs[1])
+        # Recomputing forward (under forward's autocast state) changes nothing.
+        assert plain == recomputed, (strategy, prec, plain, recomputed)
+
+
 def resume_equivalence():
     straight, split = os.path.join(work, "rs"), os.path.join(work, "rp")
     train("--steps", "20", "--batch-size", "4", "--ckpt-dir", straight, "--log-jsonl", straight + ".jsonl", nproc=2)
@@ -324,6 +336,7 @@ check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
 check("accumulation_no_sync", accumulation)
 check("precision", precision)
+check("activation_checkpointing", activation_checkpointing)
 check("resume_equivalence", resume_equivalence)
 check("killed_rank", killed_rank)
 check("sigterm_saves", sigterm_saves)

@@ -47,6 +47,8 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "32-true; bf16-mixed (fp32 parameters and optimizer, bfloat16 autocast compute and gradient reduction, "
                   "as Lightning's); bf16-true (the model itself in bfloat16)")
       ->check(CLI::IsMember({"32-true", "bf16-mixed", "bf16-true"}))->group(s);
+  app->add_flag("--activation-checkpointing", c.activation_checkpointing,
+                "recompute each transformer block's forward in backward instead of keeping its activations (gpt)")->group(s);
   app->add_option("--backend", c.backend, "gloo (CPU) or nccl (CUDA builds)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);
   app->add_option("--timeout", c.timeout, "seconds a collective may wait for the other ranks")->check(CLI::PositiveNumber)->group(s);
   app->add_option("--threads", c.threads, "intra-op threads per rank (0: the machine's cores shared among the local ranks)")->check(CLI::Range(0, 4096))->group(s);

@@ -32,6 +32,7 @@ struct TrainConfig {
   // strategy
   std::string sharding_strategy = "FULL_SHARD";
   std::string precision = "32-true";  ///< 32-true, bf16-mixed (autocast, bf16 reduction), bf16-true (a bf16 model)
+  bool activation_checkpointing = false;  ///< gpt: every block
   std::string backend = "gloo";
   double timeout = 1800;
   int threads = 0;  ///< intra-op threads per rank; 0: the cores shared among the local ranks

@@ -151,6 +151,9 @@ class Trainer {
         opt_(fsdp_, optimizer_options(c)) {}
 
   int run() {
+    if (c_.activation_checkpointing) {
+      fsdp_.set_activation_checkpointing([](const std::string& child) { return child.rfind("block", 0) == 0; });
+    }
     std::int64_t start = 0;
     if (!c_.resume.empty()) start = resume();
     if (rank_ == 0 && !c_.log_jsonl.empty()) {

@@ -14,6 +14,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -108,6 +109,12 @@ class FullyShardedSequential {
   /// next forward gathers what the optimizer has stepped since).
   void release();
 
+  /// Activation checkpointing (reentrant, as torch.utils.checkpoint's default): the children whose
+  /// name `which` accepts keep no activations from forward but their input, and run forward again
+  /// (under the autocast state forward had) when their backward comes. Only children whose input
+  /// requires grad (not the first, the embedding of tokens) are checkpointed.
+  void set_activation_checkpointing(std::function<bool(const std::string& child)> which);
+
   ShardingStrategy strategy() const noexcept { return strategy_; }
   ProcessGroup& group() noexcept { return group_; }
   const std::vector<std::unique_ptr<FlatUnit>>& units() const noexcept { return units_; }
@@ -117,6 +124,7 @@ class FullyShardedSequential {
   ProcessGroup& group_;
   ShardingStrategy strategy_;
   MixedPrecision mixed_;
+  std::vector<bool> checkpointed_;  ///< per child
   std::vector<std::unique_ptr<FlatUnit>> units_;  ///< one per child with parameters (nullptr otherwise)
 };
 
