@@ -83,7 +83,28 @@ struct ProcessGroup::Impl {
   Rendezvous where;
   Backend backend;
   std::chrono::milliseconds timeout;
+  CollectiveStats stats;
 };
+
+namespace {
+
+/// Adds the time from construction to destruction to `stats` (collectives are synchronous here).
+class Timed {
+ public:
+  explicit Timed(CollectiveStats& stats) : stats_(stats), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    stats_.time += std::chrono::steady_clock::now() - start_;
+    ++stats_.calls;
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  CollectiveStats& stats_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
 
 ProcessGroup::ProcessGroup(const Rendezvous& where, Backend backend, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
   if (where.world_size < 1 || where.rank < 0 || where.rank >= where.world_size) {
@@ -102,19 +123,36 @@ int ProcessGroup::size() const noexcept { return impl_->where.world_size; }
 Backend ProcessGroup::backend() const noexcept { return impl_->backend; }
 std::chrono::milliseconds ProcessGroup::timeout() const noexcept { return impl_->timeout; }
 
-void ProcessGroup::barrier() { detail::barrier(*impl_->group); }
+const CollectiveStats& ProcessGroup::stats() const noexcept { return impl_->stats; }
+
+void ProcessGroup::barrier() {
+  if (size() == 1) return;  // a world of one: every collective is local
+  Timed t(impl_->stats);
+  detail::barrier(*impl_->group);
+}
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   if (root < 0 || root >= size()) throw Error("broadcast from rank " + std::to_string(root) + ", which is not in the group");
+  if (size() == 1) return;
+  Timed t(impl_->stats);
   detail::broadcast(*impl_->group, tensor, root);
 }
 
-void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) { detail::all_reduce(*impl_->group, tensor, op); }
+void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  if (size() == 1) return;  // sum, average, max and min of one value are that value
+  Timed t(impl_->stats);
+  detail::all_reduce(*impl_->group, tensor, op);
+}
 
 void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& input) {
   if (!out.is_contiguous() || out.numel() != input.numel() * size() || out.scalar_type() != input.scalar_type()) {
     throw Error("all_gather: the output must be contiguous, of the input's dtype and " + std::to_string(size()) + " times its size");
   }
+  if (size() == 1) {
+    out.copy_(input.reshape(out.sizes()));
+    return;
+  }
+  Timed t(impl_->stats);
   detail::all_gather(*impl_->group, out, input);
 }
 
@@ -122,6 +160,11 @@ void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& input, Redu
   if (!out.is_contiguous() || out.numel() * size() != input.numel() || out.scalar_type() != input.scalar_type()) {
     throw Error("reduce_scatter: the output must be contiguous, of the input's dtype and 1/" + std::to_string(size()) + " of its size");
   }
+  if (size() == 1) {
+    out.copy_(input.reshape(out.sizes()));
+    return;
+  }
+  Timed t(impl_->stats);
   detail::reduce_scatter(*impl_->group, out, input, op);
 }
 

@@ -41,6 +41,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--eval-every", c.eval_every, "validation loss every K steps (0: never)")->check(CLI::NonNegativeNumber)->group(t);
   app->add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")->check(CLI::Range(1, 1 << 20))->group(t);
   auto* s = "Strategy";
+  app->add_option("--strategy", c.strategy,
+                  "fsdp, or fsdp_cpu_offload (parameters, gradients and optimizer state in host memory: what a CPU run has "
+                  "already, so here it changes nothing and says so)")
+      ->check(CLI::IsMember({"fsdp", "fsdp_cpu_offload"}))->group(s);
   app->add_option("--sharding-strategy", c.sharding_strategy, "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
       ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->group(s);
   app->add_option("--precision", c.precision,

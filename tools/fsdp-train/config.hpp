@@ -30,6 +30,7 @@ struct TrainConfig {
   std::int64_t eval_every = 0;
   int eval_batches = 4;
   // strategy
+  std::string strategy = "fsdp";  ///< the registry's names: fsdp, fsdp_cpu_offload
   std::string sharding_strategy = "FULL_SHARD";
   std::string precision = "32-true";  ///< 32-true, bf16-mixed (autocast, bf16 reduction), bf16-true (a bf16 model)
   bool activation_checkpointing = false;  ///< gpt: every block

@@ -151,6 +151,9 @@ class Trainer {
         opt_(fsdp_, optimizer_options(c)) {}
 
   int run() {
+    if (c_.strategy == "fsdp_cpu_offload") {
+      say("warning: --strategy fsdp_cpu_offload has no effect on the CPU: parameters, gradients and optimizer state are in host memory already");
+    }
     if (c_.activation_checkpointing) {
       fsdp_.set_activation_checkpointing([](const std::string& child) { return child.rfind("block", 0) == 0; });
     }
@@ -167,6 +170,7 @@ class Trainer {
     while (step < c_.steps) {
       ++step;
       const auto t0 = std::chrono::steady_clock::now();
+      const auto comm0 = pg_.stats().time;
       const double lr = learning_rate(c_, step);
       opt_.zero_grad();
       double local = 0;
@@ -184,6 +188,7 @@ class Trainer {
       last_loss = stats.loss;
       const std::vector<double>& rss = stats.rss;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double comm = std::chrono::duration<double>(pg_.stats().time - comm0).count();  // rank 0's
       const double tokens = static_cast<double>(c_.batch_size) * world_ * c_.accumulate * c_.block_size;
       const bool log_line = step % c_.log_every == 0 || step == c_.steps || step == start + 1;
       if (rank_ == 0) {
@@ -196,7 +201,8 @@ class Trainer {
           std::cout << line << " MiB" << std::endl;
         }
         if (log_.is_open()) {
-          nlohmann::ordered_json j{{"step", step}, {"loss", last_loss}, {"lr", lr}, {"tokens_per_s", tokens / dt}, {"step_time_s", dt}};
+          nlohmann::ordered_json j{{"step", step}, {"loss", last_loss}, {"lr", lr}, {"tokens_per_s", tokens / dt}, {"step_time_s", dt},
+                                   {"comm_time_s", comm}};
           if (norm >= 0) j["grad_norm"] = norm;
           j["peak_rss_mib"] = rss;
           log_ << j.dump() << "\n" << std::flush;

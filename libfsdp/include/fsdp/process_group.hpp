@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -57,6 +58,13 @@ constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 
+/// What this process's collectives have cost so far: their number and the wall time spent in
+/// them (waiting for slower ranks included).
+struct CollectiveStats {
+  std::uint64_t calls = 0;
+  std::chrono::steady_clock::duration time{};
+};
+
 class ProcessGroup {
  public:
   /// Meets the other world_size - 1 processes (rank 0 hosts the TCPStore) within `timeout`.
@@ -70,6 +78,7 @@ class ProcessGroup {
   int size() const noexcept;
   Backend backend() const noexcept;
   std::chrono::milliseconds timeout() const noexcept;
+  const CollectiveStats& stats() const noexcept;
 
   void barrier();
   /// `tensor` on every rank becomes root's.
