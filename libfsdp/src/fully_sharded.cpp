@@ -4,6 +4,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <map>
+
 namespace fsdp {
 namespace {
 
@@ -59,22 +62,28 @@ ShardingStrategy sharding_strategy_from_string(std::string_view name) {
 }
 
 FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy)
+    : FlatUnit(std::vector<std::pair<std::string, torch::nn::Module*>>{{std::move(prefix), &module}}, group, strategy) {}
+
+FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy)
     : group_(group), strategy_(strategy) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> flat;
-  const auto named = module.named_parameters(/*recurse=*/true);
-  if (named.is_empty()) throw Error("unit '" + prefix + "' has no parameters");
-  const c10::ScalarType dtype = named[0].value().scalar_type();
-  for (auto& item : named) {
-    torch::Tensor p = item.value();
-    if (p.scalar_type() != dtype) throw Error("unit '" + prefix + "' mixes parameter dtypes; flatten needs one dtype");
-    params_.push_back({prefix.empty() ? item.key() : prefix + "." + item.key(), p, p.sizes().vec(), total_, p.numel()});
-    total_ += p.numel();
-    flat.push_back(p.detach().reshape({-1}));
+  const std::string name = members.empty() ? std::string() : members.front().first;
+  std::optional<c10::ScalarType> dtype;
+  for (const auto& [prefix, module] : members) {
+    for (auto& item : module->named_parameters(/*recurse=*/true)) {
+      torch::Tensor p = item.value();
+      if (!dtype) dtype = p.scalar_type();
+      if (p.scalar_type() != *dtype) throw Error("unit '" + name + "' mixes parameter dtypes; flatten needs one dtype");
+      params_.push_back({prefix.empty() ? item.key() : prefix + "." + item.key(), p, p.sizes().vec(), total_, p.numel()});
+      total_ += p.numel();
+      flat.push_back(p.detach().reshape({-1}));
+    }
   }
+  if (params_.empty()) throw Error("unit '" + name + "' has no parameters");
   const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : group_.size();
   padded_ = (total_ + world - 1) / world * world;
-  torch::Tensor full = torch::zeros({padded_}, torch::TensorOptions().dtype(dtype));
+  torch::Tensor full = torch::zeros({padded_}, torch::TensorOptions().dtype(*dtype));
   full.narrow(0, 0, total_).copy_(torch::cat(flat));
   group_.broadcast(full, 0);  // every rank starts from rank 0's values
   const std::int64_t n = padded_ / world;
@@ -173,33 +182,75 @@ torch::Tensor FlatUnit::flatten_slice(const std::vector<torch::Tensor>& values) 
   return flat.narrow(0, rank * n, n).clone();
 }
 
-FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed)
+FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed,
+                                               const WrapPolicy& policy)
     : model_(std::move(model)), group_(group), strategy_(strategy), mixed_(mixed) {
   const auto children = model_->named_children();
-  for (const auto& child : children) {
-    const bool has_params = !child.value()->parameters(true).empty();
-    units_.push_back(has_params ? std::make_unique<FlatUnit>(child.key(), *child.value(), group_, strategy_) : nullptr);
+  // Which group each child with parameters joins: groups[g] lists (name, module) in child order.
+  std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> groups;
+  std::vector<int> group_of(children.size(), -1);
+  int root = -1;  // the unit of the children no policy wrapped (FSDP's root)
+  std::int64_t open_numel = 0;
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    torch::nn::Module* m = children[i].value().get();
+    std::int64_t numel = 0;
+    for (const auto& p : m->parameters(true)) numel += p.numel();
+    if (numel == 0) continue;
+    int g = -1;
+    if (policy.min_num_params > 0) {
+      // Consecutive children share a unit until it holds min_num_params.
+      if (groups.empty() || open_numel >= policy.min_num_params) {
+        groups.emplace_back();
+        open_numel = 0;
+      }
+      g = static_cast<int>(groups.size()) - 1;
+      open_numel += numel;
+    } else if (!policy.own_unit || policy.own_unit(children[i].key())) {
+      groups.emplace_back();
+      g = static_cast<int>(groups.size()) - 1;
+    } else {
+      if (root < 0) {
+        root = static_cast<int>(groups.size());
+        groups.emplace_back();
+      }
+      g = root;
+    }
+    groups[static_cast<std::size_t>(g)].emplace_back(children[i].key(), m);
+    group_of[i] = g;
   }
+  std::vector<FlatUnit*> made;
+  for (const auto& members : groups) {
+    units_.push_back(std::make_unique<FlatUnit>(members, group_, strategy_));
+    made.push_back(units_.back().get());
+  }
+  for (std::size_t i = 0; i < children.size(); ++i) child_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
 }
 
 torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
-  // The last unit's parameters are the first backward needs: under FULL_SHARD they stay gathered
-  // from its forward into backward, as PyTorch FSDP keeps the root's (no gather freed and redone).
-  std::size_t last = units_.size();
-  for (std::size_t j = 0; j < units_.size(); ++j) {
-    if (units_[j]) last = j;
+  // A unit is gathered when its first child runs and, under FULL_SHARD, freed after its last; the
+  // unit whose last child runs last is the first backward needs, so it stays gathered from forward
+  // into backward, as PyTorch FSDP keeps the root's (no gather freed and redone).
+  const std::size_t n = child_unit_.size();
+  std::vector<std::size_t> last_child(n, 0);
+  FlatUnit* final_unit = nullptr;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!child_unit_[i]) continue;
+    final_unit = child_unit_[i];
+    for (std::size_t j = 0; j < n; ++j) {
+      if (child_unit_[j] == child_unit_[i]) last_child[j] = i;
+    }
   }
   std::size_t i = 0;
   for (torch::nn::AnyModule& child : *model_) {
-    const bool keep = i == last;
-    FlatUnit* unit = units_[i++].get();
+    FlatUnit* unit = child_unit_[i];
     if (unit) unit->gather();
-    if (checkpointed_.size() > i - 1 && checkpointed_[i - 1] && x.requires_grad() && torch::GradMode::is_enabled()) {
+    if (checkpointed_.size() > i && checkpointed_[i] && x.requires_grad() && torch::GradMode::is_enabled()) {
       x = CheckpointedChild::apply(x, &child);
     } else {
       x = child.forward(x);
     }
-    if (unit && strategy_ == ShardingStrategy::kFullShard && !(keep && x.requires_grad())) {
+    const bool unit_done = unit && last_child[i] == i;
+    if (unit_done && strategy_ == ShardingStrategy::kFullShard && !(unit == final_unit && x.requires_grad())) {
       unit->release();
       // Gathered again when this unit's backward starts: the gradient of its output arrives.
       if (x.requires_grad()) {
@@ -209,6 +260,7 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
         });
       }
     }
+    ++i;
   }
   return x;
 }
@@ -290,6 +342,10 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_
     for (const auto& p : unit->params()) out.emplace_back(p.fqn, p.tensor.detach().clone());
     if (!was) unit->release();
   }
+  // In the model's order (a wrap policy's root unit holds children from both ends).
+  std::map<std::string, std::size_t> order;
+  for (const auto& item : model_->named_parameters(true)) order.emplace(item.key(), order.size());
+  std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return order[a.first] < order[b.first]; });
   return out;
 }
 

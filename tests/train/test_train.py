@@ -192,6 +192,21 @@ def activation_checkpointing():
         assert plain == recomputed, (strategy, prec, plain, recomputed)
 
 
+def auto_wrap():
+    base = None
+    for wrap in ("children", "block", "40000"):
+        d, log = os.path.join(work, f"aw-{wrap}"), os.path.join(work, f"aw-{wrap}.jsonl")
+        r = train("--steps", "5", "--batch-size", "4", "--auto-wrap", wrap, "--ckpt-dir", d, "--log-jsonl", log, nproc=2)
+        if base is None:
+            base = (d, losses(log))
+            continue
+        # Other units, the same arithmetic: the same losses and a bit-identical checkpoint.
+        assert losses(log) == base[1], (wrap, losses(log), base[1])
+        diff = subprocess.run([a.inspect, "diff", os.path.join(base[0], "step-00000005"), os.path.join(d, "step-00000005")],
+                              capture_output=True, text=True)
+        assert diff.returncode == 0 and "0 differ" in diff.stdout, (wrap, diff.stdout, diff.stderr)
+
+
 def resume_equivalence():
     straight, split = os.path.join(work, "rs"), os.path.join(work, "rp")
     train("--steps", "20", "--batch-size", "4", "--ckpt-dir", straight, "--log-jsonl", straight + ".jsonl", nproc=2)
@@ -337,6 +352,7 @@ check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
 check("accumulation_no_sync", accumulation)
 check("precision", precision)
 check("activation_checkpointing", activation_checkpointing)
+check("auto_wrap", auto_wrap)
 check("resume_equivalence", resume_equivalence)
 check("killed_rank", killed_rank)
 check("sigterm_saves", sigterm_saves)

@@ -51,6 +51,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "32-true; bf16-mixed (fp32 parameters and optimizer, bfloat16 autocast compute and gradient reduction, "
                   "as Lightning's); bf16-true (the model itself in bfloat16)")
       ->check(CLI::IsMember({"32-true", "bf16-mixed", "bf16-true"}))->group(s);
+  app->add_option("--auto-wrap", c.auto_wrap,
+                  "FSDP units: children (each top-level module: embed, every block, head), block (each block; embed and head "
+                  "share the root unit), or N (consecutive modules grouped until a unit holds N parameters)")
+      ->check(CLI::IsMember({"children", "block"}) | CLI::PositiveNumber)->group(s);
   app->add_flag("--activation-checkpointing", c.activation_checkpointing,
                 "recompute each transformer block's forward in backward instead of keeping its activations (gpt)")->group(s);
   app->add_option("--backend", c.backend, "gloo (CPU) or nccl (CUDA builds)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);

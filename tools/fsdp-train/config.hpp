@@ -34,6 +34,7 @@ struct TrainConfig {
   std::string sharding_strategy = "FULL_SHARD";
   std::string precision = "32-true";  ///< 32-true, bf16-mixed (autocast, bf16 reduction), bf16-true (a bf16 model)
   bool activation_checkpointing = false;  ///< gpt: every block
+  std::string auto_wrap = "children";  ///< children, block, or a parameter count
   std::string backend = "gloo";
   double timeout = 1800;
   int threads = 0;  ///< intra-op threads per rank; 0: the cores shared among the local ranks

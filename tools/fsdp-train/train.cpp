@@ -147,7 +147,7 @@ class Trainer {
       : c_(c), pg_(pg), rank_(pg.rank()), world_(pg.size()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
         model_(build_model(c)),
-        fsdp_(model_, pg, fsdp::sharding_strategy_from_string(c.sharding_strategy), mixed_precision(c)),
+        fsdp_(model_, pg, fsdp::sharding_strategy_from_string(c.sharding_strategy), mixed_precision(c), wrap_policy(c)),
         opt_(fsdp_, optimizer_options(c)) {}
 
   int run() {
@@ -244,6 +244,16 @@ class Trainer {
     return m;
   }
 
+  static fsdp::WrapPolicy wrap_policy(const TrainConfig& c) {
+    fsdp::WrapPolicy w;
+    if (c.auto_wrap == "block") {
+      w.own_unit = [](const std::string& child) { return child.rfind("block", 0) == 0; };
+    } else if (c.auto_wrap != "children") {
+      w.min_num_params = std::stoll(c.auto_wrap);
+    }
+    return w;
+  }
+
   static fsdp::MixedPrecision mixed_precision(const TrainConfig& c) {
     fsdp::MixedPrecision mp;
     if (c.precision != "32-true") mp.reduce_dtype = torch::kBFloat16;
@@ -296,7 +306,7 @@ class Trainer {
       if (u) for (const auto& p : u->params()) params += p.numel;
     }
     return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
-           c_.sharding_strategy + ", " + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
+           c_.sharding_strategy + " (" + std::to_string(fsdp_.units().size()) + " units), " + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
            std::to_string(c_.block_size) + " tokens, data " + data_.source + " (" + std::to_string(data_.tokens.size()) + " tokens)" +
            (start > 0 ? ", resuming after step " + std::to_string(start) : "");
   }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fully sharded data parallelism over a torch::nn::Sequential (DESIGN.md "libfsdp"): each child
-// with parameters is one FSDP unit. A unit's parameters are flattened into one buffer, padded to a
+// Fully sharded data parallelism over a torch::nn::Sequential (DESIGN.md "libfsdp"): the
+// children with parameters are grouped into FSDP units by a wrap policy (by default each is
+// one). A unit's parameters are flattened into one buffer, padded to a
 // multiple of the group size, and each rank keeps its slice: the leaf the optimizer steps. Before a
 // unit runs forward its parameters are all-gathered into the module (the module's own Parameters
 // are pointed at views of the gathered buffer); FULL_SHARD frees them after forward and gathers
@@ -15,6 +16,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <functional>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +44,8 @@ class FlatUnit {
 
   /// Flattens `module`'s parameters; rank 0's values are broadcast so that every rank starts equal.
   FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy);
+  /// One unit over several modules, each under its prefix (a wrap policy's group).
+  FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy);
 
   /// Points the module's parameters at the full values (all-gathered unless already there).
   void gather();
@@ -88,9 +92,22 @@ struct MixedPrecision {
   std::optional<c10::ScalarType> reduce_dtype;
 };
 
+/// Which children of the Sequential become FSDP units (FSDP's auto_wrap_policy). The default:
+/// every child with parameters is a unit of its own.
+struct WrapPolicy {
+  /// Set: the children it accepts are units of their own (a "module type" policy, by child name);
+  /// the other children with parameters share one unit, the root's (gathered from its first
+  /// child's forward to its last one's).
+  std::function<bool(const std::string& child)> own_unit;
+  /// > 0 (size_based_auto_wrap_policy, instead of own_unit): consecutive children share a unit
+  /// until it holds at least this many parameters; the remainder is the last unit.
+  std::int64_t min_num_params = 0;
+};
+
 class FullyShardedSequential {
  public:
-  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {});
+  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {},
+                         const WrapPolicy& policy = {});
 
   /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
   torch::Tensor forward(torch::Tensor input);
@@ -125,7 +142,8 @@ class FullyShardedSequential {
   ShardingStrategy strategy_;
   MixedPrecision mixed_;
   std::vector<bool> checkpointed_;  ///< per child
-  std::vector<std::unique_ptr<FlatUnit>> units_;  ///< one per child with parameters (nullptr otherwise)
+  std::vector<std::unique_ptr<FlatUnit>> units_;  ///< in the order of their first child
+  std::vector<FlatUnit*> child_unit_;             ///< per child: its unit, or nullptr (no parameters)
 };
 
 }  // namespace fsdp
