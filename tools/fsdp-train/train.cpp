@@ -193,6 +193,7 @@ class Trainer {
       const bool log_line = step % c_.log_every == 0 || step == c_.steps || step == start + 1;
       if (rank_ == 0) {
         if (log_line && !c_.quiet) {
+          clear_bar();
           char buf[256];
           std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3e  %.0f tok/s  %.1f ms/step  peak rss", static_cast<long long>(step),
                         static_cast<long long>(c_.steps), last_loss, lr, tokens / dt, dt * 1e3);
@@ -208,6 +209,7 @@ class Trainer {
           log_ << j.dump() << "\n" << std::flush;
         }
       }
+      if (rank_ == 0) draw_bar(step, start, last_loss, std::chrono::steady_clock::now() - t_run);
       if (c_.eval_every > 0 && step % c_.eval_every == 0) last_val = evaluate(step);
       const int signal = stats.signal;
       const bool stopping = signal != 0 || step == c_.stop_at_step;
@@ -229,7 +231,10 @@ class Trainer {
         std::snprintf(buf, sizeof buf, ", validation loss %.4f", last_val);
         s += buf;
       }
-      if (rank_ == 0) std::cout << s << std::endl;
+      if (rank_ == 0) {
+        clear_bar();
+        std::cout << s << std::endl;
+      }
     } else {
       say("nothing to do: the checkpoint is at step " + std::to_string(start) + " and --steps is " + std::to_string(c_.steps));
     }
@@ -297,7 +302,28 @@ class Trainer {
   }
 
   void say(const std::string& s) const {
-    if (rank_ == 0 && !c_.quiet) std::cout << s << std::endl;
+    if (rank_ == 0 && !c_.quiet) {
+      clear_bar();
+      std::cout << s << std::endl;
+    }
+  }
+
+  /// Rank 0's progress bar on a terminal (stderr): steps done, the last loss, time left.
+  void draw_bar(std::int64_t step, std::int64_t start, double loss, std::chrono::steady_clock::duration elapsed) const {
+    if (!bar_) return;
+    const double frac = static_cast<double>(step) / static_cast<double>(c_.steps);
+    const int width = 30, filled = static_cast<int>(frac * width);
+    const double secs = std::chrono::duration<double>(elapsed).count();
+    const double left = step > start ? secs / static_cast<double>(step - start) * static_cast<double>(c_.steps - step) : 0;
+    std::fprintf(stderr, "\r\033[Kstep %lld/%lld [%.*s%*s] loss %.4f, %.0f s left", static_cast<long long>(step),
+                 static_cast<long long>(c_.steps), filled, "##############################", width - filled, "", loss, left);
+    std::fflush(stderr);
+  }
+
+  void clear_bar() const {
+    if (!bar_) return;
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
   }
 
   std::string describe(std::int64_t start) const {
@@ -366,7 +392,11 @@ class Trainer {
     pg_.all_reduce(v, fsdp::ReduceOp::kAvg);
     const double val = v.item<double>();
     if (rank_ == 0) {
-      if (!c_.quiet) std::printf("step %lld  validation loss %.4f\n", static_cast<long long>(step), val), std::fflush(stdout);
+      if (!c_.quiet) {
+        clear_bar();
+        std::printf("step %lld  validation loss %.4f\n", static_cast<long long>(step), val);
+        std::fflush(stdout);
+      }
       if (log_.is_open()) log_ << nlohmann::ordered_json{{"step", step}, {"val_loss", val}}.dump() << "\n" << std::flush;
     }
     return val;
@@ -453,6 +483,7 @@ class Trainer {
   fsdp::FullyShardedSequential fsdp_;
   fsdp::ShardedOptimizer opt_;
   std::ofstream log_;
+  bool bar_ = rank_ == 0 && !c_.quiet && ::isatty(STDERR_FILENO);
 };
 
 }  // namespace
