@@ -331,6 +331,15 @@ def bad_data():
     assert "not a multiple of --n-head" in r.stderr, r.stderr
     r = train("--steps", "1", "--resume", os.path.join(work, "nowhere"), expect=1)
     assert "not a complete checkpoint" in r.stderr, r.stderr
+    # A diverging run stops at the first non-finite loss and saves nothing from then on.
+    d = os.path.join(work, "diverge")
+    r = subprocess.run([a.train, "--n-embd", "32", "--data", a.text, "--steps", "10", "--lr", "1e30", "--grad-clip", "0",
+                        "--warmup", "0", "--ckpt-dir", d, "--save-every", "1", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "the loss is" in r.stderr and "at step 2 (diverged" in r.stderr, r.stderr
+    assert os.listdir(d) == ["step-00000001"], os.listdir(d)
+    v = subprocess.run([a.inspect, "verify", "--deep", os.path.join(d, "step-00000001")], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
 
 
 def help_matches_man():

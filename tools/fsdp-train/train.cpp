@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -186,6 +187,12 @@ class Trainer {
       // was asked to stop, and its peak memory.
       const Stats stats = gather_stats(local);
       last_loss = stats.loss;
+      if (!std::isfinite(last_loss)) {
+        // Every rank sees the same mean: all stop here, and nothing poisoned is saved.
+        throw std::runtime_error("the loss is " + std::to_string(last_loss) + " at step " + std::to_string(step) +
+                                 " (diverged: lower --lr, or --grad-clip); nothing saved for this step" +
+                                 (c_.ckpt_dir.empty() ? std::string() : ", earlier checkpoints in " + c_.ckpt_dir + " are intact"));
+      }
       const std::vector<double>& rss = stats.rss;
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double comm = std::chrono::duration<double>(pg_.stats().time - comm0).count();  // rank 0's
