@@ -132,6 +132,26 @@ torch::Tensor read_full(const ckpt::Checkpoint& c, const ckpt::ChunkReader& read
   return full;
 }
 
+// The optimizer state parameter by parameter, in the model's order: `step` (AdamW, a 0-d float32)
+// and then every buffer as a full tensor. Gathering a buffer is a collective, so every rank calls
+// this; `fn(param_fqn, {(name, tensor)...})` runs on every rank.
+template <class Fn>
+void for_each_param_state(FullyShardedSequential& model, ShardedOptimizer& optimizer, Fn&& fn) {
+  const bool has_step = optimizer.options().kind == OptimizerKind::kAdamW;
+  for (std::size_t u = 0; u < model.units().size(); ++u) {
+    const auto& unit = model.units()[u];
+    if (!unit) continue;
+    std::map<std::string, std::vector<torch::Tensor>> full;  // buffer -> per parameter
+    for (const auto& b : optimizer.buffer_names()) full[b] = unit->unflatten(optimizer.buffer(u, b));  // collectives
+    for (std::size_t i = 0; i < unit->params().size(); ++i) {
+      std::vector<std::pair<std::string, torch::Tensor>> state;
+      if (has_step) state.emplace_back("step", torch::tensor(static_cast<float>(optimizer.steps())));
+      for (auto& [b, values] : full) state.emplace_back(b, values[i]);
+      fn(unit->params()[i].fqn, state);
+    }
+  }
+}
+
 }  // namespace
 
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
@@ -150,25 +170,13 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   }
   if (o.optimizer) {
     const std::string& key = o.optimizer_key;
-    for (std::size_t u = 0; u < model.units().size(); ++u) {
-      const auto& unit = model.units()[u];
-      if (!unit) continue;
-      std::map<std::string, std::vector<torch::Tensor>> full;  // buffer -> per parameter
-      for (const auto& b : o.optimizer->buffer_names()) full[b] = unit->unflatten(o.optimizer->buffer(u, b));  // collectives
-      for (std::size_t i = 0; i < unit->params().size(); ++i) {
-        const std::string& p = unit->params()[i].fqn;
-        if (o.optimizer->options().kind == OptimizerKind::kAdamW) {
-          const std::string fqn = key + ".state." + p + ".step";
-          tensors.push_back(chunked(fqn, torch::tensor(static_cast<float>(o.optimizer->steps())), rank, world));
-          options.planner_data[fqn] = path_of({key, "state", p, "step"});
-        }
-        for (auto& [b, values] : full) {
-          const std::string fqn = key + ".state." + p + "." + b;
-          tensors.push_back(chunked(fqn, values[i], rank, world));
-          options.planner_data[fqn] = path_of({key, "state", p, b});
-        }
+    for_each_param_state(model, *o.optimizer, [&](const std::string& p, const auto& state) {
+      for (const auto& [b, t] : state) {
+        const std::string fqn = key + ".state." + p + "." + b;
+        tensors.push_back(chunked(fqn, t, rank, world));
+        options.planner_data[fqn] = path_of({key, "state", p, b});
       }
-    }
+    });
     objects.push_back({key + ".param_groups", param_groups(*o.optimizer, fqns), 0});
     options.planner_data[key + ".param_groups"] = path_of({key, "param_groups"});
   }
@@ -213,21 +221,12 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
   root.emplace_back(pk::make_str(o.model_key), pk::make_dict(std::move(model_items)));
   if (o.optimizer) {
     std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> state;
-    for (std::size_t u = 0; u < model.units().size(); ++u) {
-      const auto& unit = model.units()[u];
-      if (!unit) continue;
-      std::map<std::string, std::vector<torch::Tensor>> full;
-      for (const auto& b : o.optimizer->buffer_names()) full[b] = unit->unflatten(o.optimizer->buffer(u, b));  // collectives
-      if (!writer) continue;
-      for (std::size_t i = 0; i < unit->params().size(); ++i) {
-        std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> per;
-        if (o.optimizer->options().kind == OptimizerKind::kAdamW) {
-          per.emplace_back(pk::make_str("step"), tensor_value(torch::tensor(static_cast<float>(o.optimizer->steps()))));
-        }
-        for (auto& [b, values] : full) per.emplace_back(pk::make_str(b), tensor_value(values[i]));
-        state.emplace_back(pk::make_str(unit->params()[i].fqn), pk::make_dict(std::move(per)));
-      }
-    }
+    for_each_param_state(model, *o.optimizer, [&](const std::string& p, const auto& buffers) {
+      if (!writer) return;
+      std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> per;
+      for (const auto& [b, t] : buffers) per.emplace_back(pk::make_str(b), tensor_value(t));
+      state.emplace_back(pk::make_str(p), pk::make_dict(std::move(per)));
+    });
     root.emplace_back(pk::make_str(o.optimizer_key),
                       pk::make_dict({{pk::make_str("state"), pk::make_dict(std::move(state))},
                                      {pk::make_str("param_groups"), param_groups(*o.optimizer, fqns)}}));

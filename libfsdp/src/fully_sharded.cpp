@@ -224,22 +224,22 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
     made.push_back(units_.back().get());
   }
   for (std::size_t i = 0; i < children.size(); ++i) child_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
+  // A unit ends at its last child; the unit whose last child runs last is the first backward needs.
+  ends_unit_.assign(child_unit_.size(), false);
+  std::vector<FlatUnit*> seen;
+  for (std::size_t i = child_unit_.size(); i-- > 0;) {
+    FlatUnit* unit = child_unit_[i];
+    if (!unit || std::find(seen.begin(), seen.end(), unit) != seen.end()) continue;
+    if (seen.empty()) final_unit_ = unit;
+    seen.push_back(unit);
+    ends_unit_[i] = true;
+  }
 }
 
 torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
   // A unit is gathered when its first child runs and, under FULL_SHARD, freed after its last; the
   // unit whose last child runs last is the first backward needs, so it stays gathered from forward
   // into backward, as PyTorch FSDP keeps the root's (no gather freed and redone).
-  const std::size_t n = child_unit_.size();
-  std::vector<std::size_t> last_child(n, 0);
-  FlatUnit* final_unit = nullptr;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!child_unit_[i]) continue;
-    final_unit = child_unit_[i];
-    for (std::size_t j = 0; j < n; ++j) {
-      if (child_unit_[j] == child_unit_[i]) last_child[j] = i;
-    }
-  }
   std::size_t i = 0;
   for (torch::nn::AnyModule& child : *model_) {
     FlatUnit* unit = child_unit_[i];
@@ -249,8 +249,7 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
     } else {
       x = child.forward(x);
     }
-    const bool unit_done = unit && last_child[i] == i;
-    if (unit_done && strategy_ == ShardingStrategy::kFullShard && !(unit == final_unit && x.requires_grad())) {
+    if (ends_unit_[i] && strategy_ == ShardingStrategy::kFullShard && !(unit == final_unit_ && x.requires_grad())) {
       unit->release();
       // Gathered again when this unit's backward starts: the gradient of its output arrives.
       if (x.requires_grad()) {

@@ -110,7 +110,7 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   return pk::make_dict(std::move(d));
 }
 
-const pk::Value* lookup(const pk::ValuePtr& dict, const std::string& key) {
+const pk::Value* lookup(const pk::Value* dict, const std::string& key) {
   if (!dict) return nullptr;
   const auto* items = dict->dict_items();
   if (!items) return nullptr;
@@ -122,9 +122,8 @@ const pk::Value* lookup(const pk::ValuePtr& dict, const std::string& key) {
 
 /// The run being resumed must be the same model: these must agree with the checkpoint's config.
 void check_same_model(const TrainConfig& c, const pk::ValuePtr& meta, const fs::path& where) {
-  const pk::Value* saved = lookup(meta, "config");
-  if (!saved) return;  // not ours (PyTorch's or Lightning's): the parameter shapes were checked on load
-  pk::ValuePtr cfg = std::shared_ptr<pk::Value>(std::shared_ptr<pk::Value>(), const_cast<pk::Value*>(saved));
+  const pk::Value* cfg = lookup(meta.get(), "config");
+  if (!cfg) return;  // not ours (PyTorch's or Lightning's): the parameter shapes were checked on load
   auto want_int = [&](const char* key, std::int64_t v) {
     const pk::Value* x = lookup(cfg, key);
     if (x && x->int64() && *x->int64() != v) {
@@ -477,7 +476,7 @@ class Trainer {
     const pk::ValuePtr meta = fsdp::load_sharded(path, fsdp_, pg_, o);
     check_same_model(c_, meta, path);
     std::int64_t step = opt_.steps();
-    if (const pk::Value* s = lookup(meta, "step"); s && s->int64()) step = *s->int64();
+    if (const pk::Value* s = lookup(meta.get(), "step"); s && s->int64()) step = *s->int64();
     say("resumed from " + path.string() + " at step " + std::to_string(step));
     return step;
   }

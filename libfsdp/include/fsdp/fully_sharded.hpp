@@ -144,6 +144,8 @@ class FullyShardedSequential {
   std::vector<bool> checkpointed_;  ///< per child
   std::vector<std::unique_ptr<FlatUnit>> units_;  ///< in the order of their first child
   std::vector<FlatUnit*> child_unit_;             ///< per child: its unit, or nullptr (no parameters)
+  std::vector<bool> ends_unit_;                   ///< per child: the last child of its unit
+  FlatUnit* final_unit_ = nullptr;                ///< the unit whose last child runs last
 };
 
 }  // namespace fsdp
