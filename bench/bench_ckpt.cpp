@@ -5,6 +5,8 @@
 //   bench_ckpt write DIR [MiB]          torch.save of MiB of tensors (fsync included) vs cp + fsync
 //   bench_ckpt make-many FILE [N]       writes a torch.save file with N small tensors
 //   bench_ckpt open FILE [repeats]      open + list tensors; prints the median in ms
+//   bench_ckpt parse FILE               time of parsing a pickle alone, freeing it, and open_checkpoint
+//                                       of its directory (where the time of a DCP summary goes)
 //   bench_ckpt make-dcp DIR RANKS N     a DCP directory (torch 1.13 layout, so torch 1.13 reads it too)
 //                                       of N small tensors chunked over RANKS ranks
 #include <fcntl.h>
@@ -141,6 +143,23 @@ int make_dcp(const std::filesystem::path& dir, int ranks, std::size_t n) {
   return 0;
 }
 
+int parse_only(const std::filesystem::path& file) {
+  auto src = ckpt::open_mmap(file);
+  auto bytes = *src->view(0, src->size());
+  auto t = Clock::now();
+  ckpt::pickle::ParseOptions o;
+  {
+    auto root = ckpt::pickle::parse(bytes, file.string(), 0, o);
+    std::fprintf(stderr, "parse %.1f ms\n", seconds_since(t) * 1e3);
+    t = Clock::now();
+  }
+  std::fprintf(stderr, "free %.1f ms\n", seconds_since(t) * 1e3);
+  t = Clock::now();
+  auto c = ckpt::open_checkpoint(file.parent_path());
+  std::fprintf(stderr, "open_checkpoint %.1f ms\n", seconds_since(t) * 1e3);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,6 +168,7 @@ int main(int argc, char** argv) {
   if (cmd == "write" && argc > 2) return write(argv[2], argc > 3 ? std::stoul(argv[3]) : 1024);
   if (cmd == "make-many" && argc > 2) return make_many(argv[2], argc > 3 ? std::stoul(argv[3]) : 1000);
   if (cmd == "make-dcp" && argc > 4) return make_dcp(argv[2], std::stoi(argv[3]), std::stoul(argv[4]));
+  if (cmd == "parse" && argc > 2) return parse_only(argv[2]);
   if (cmd == "open" && argc > 2) return open_list(argv[2], argc > 3 ? std::stoi(argv[3]) : 51);
   std::fprintf(stderr, "usage: see the comment at the top of bench/bench_ckpt.cpp\n");
   return 2;

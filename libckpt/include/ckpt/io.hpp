@@ -35,6 +35,10 @@ class ByteSource {
   /// (memory and mmap sources); std::nullopt otherwise or when the range is out of bounds.
   virtual std::optional<std::span<const std::byte>> view(std::uint64_t offset, std::uint64_t length) const;
 
+  /// A hint that [`offset`, `offset + length`) will not be read again soon: a mapped source gives
+  /// the whole pages inside it back to the system (they are read again if needed); others ignore it.
+  virtual void release(std::uint64_t offset, std::uint64_t length) const;
+
   /// Reads [`offset`, `offset + length`) into a new buffer, after checking the range against
   /// size() (so a length read from a file cannot make us allocate more than the file holds).
   std::vector<std::byte> read_vector(std::uint64_t offset, std::uint64_t length) const;

@@ -188,10 +188,21 @@ struct ParseOptions {
   std::function<void(const Value&)> on_global;
   /// Called with each object REDUCE, NEWOBJ or NEWOBJ_EX makes (before any BUILD); may throw.
   std::function<void(const Value&)> on_object;
+  /// Called with each key and value SETITEM or SETITEMS adds to a dict (not to an object's items),
+  /// before they are stored; returning true takes them: they are not stored and the dict stays
+  /// without them. A reader can so consume a huge dict while it is parsed instead of holding its
+  /// tree (.metadata's storage_data). May throw.
+  std::function<bool(const Value& dict, const ValuePtr& key, const ValuePtr& value)> on_dict_item;
+  /// Called after every `progress_every` bytes of input with the offset (relative to the bytes
+  /// given) before which nothing is read again: the caller may release those bytes.
+  std::function<void(std::uint64_t)> on_progress;
+  std::uint64_t progress_every = std::uint64_t{1} << 20;
 };
 
 /// Parses one pickle. `source` and `base` name the bytes in errors: offsets are `base` plus the
-/// position in `bytes`. Throws ckpt::Error kFormat (malformed), kUnsupported (an opcode we refuse),
+/// position in `bytes`. The memo keeps only the entries that a GET later in the pickle refers to
+/// (a first pass over the opcodes finds them), so a value nothing refers to is freed as soon as
+/// nothing holds it, and memory follows the tree, not the pickle's length. Throws ckpt::Error kFormat (malformed), kUnsupported (an opcode we refuse),
 /// or kFormat naming the global when UnknownGlobals::kRefuse meets one. Never runs anything.
 ValuePtr parse(std::span<const std::byte> bytes, const std::string& source, std::uint64_t base = 0,
                const ParseOptions& options = {});

@@ -54,13 +54,43 @@ class MetadataReader {
       }
     }
     writer_guess(*cls, state);
-    read_storage_data(require(state, "storage_data", *root));
-    read_state_dict_metadata(require(state, "state_dict_metadata", *root));
+    const ValuePtr& sdm = require(state, "state_dict_metadata", *root);
+    const ValuePtr& sd = require(state, "storage_data", *root);
+    // Items offer() took while parsing must have come from these two dicts.
+    if (sdm_dict_ && sdm_dict_ != sdm.get()) fail(*sdm, "TensorStorageMetadata found outside state_dict_metadata");
+    if (storage_dict_ && storage_dict_ != sd.get()) fail(*sd, "MetadataIndex found outside storage_data");
+    read_state_dict_metadata(sdm);
+    read_storage_data(sd);
+    finish();
     if (const ValuePtr* pd = state.find("planner_data")) read_planner_data(*pd);
+  }
+
+  // NOTE [Streaming .metadata]: state_dict_metadata and storage_data hold an entry per tensor and
+  // an item per chunk, hundreds of thousands in a large checkpoint. The unpickler offers each item
+  // as it is added to its dict; we turn it into the index at once and it is freed, so the tree of
+  // .metadata is never whole in memory. Items are recognized by their classes; read() then checks
+  // that they came from the two dicts where they belong, and reads whatever was left in them.
+  bool offer(const Value& dict, const ValuePtr& k, const ValuePtr& v) {
+    const GlobalKind vk = kind_of(*v);
+    if ((vk == GlobalKind::kDcpTensorStorageMetadata || vk == GlobalKind::kDcpBytesStorageMetadata) && k->str()) {
+      claim(sdm_dict_, dict, *v, "TensorStorageMetadata");
+      state_dict_item(k, v);
+      return true;
+    }
+    if (kind_of(*k) == GlobalKind::kDcpMetadataIndex) {
+      claim(storage_dict_, dict, *k, "MetadataIndex");
+      storage_item(k, v);
+      return true;
+    }
+    return false;
   }
 
  private:
   [[noreturn]] void fail(const Value& at, const std::string& m) const { throw Error(ErrorKind::kFormat, source_, at.offset, m); }
+  void claim(const Value*& owner, const Value& dict, const Value& at, std::string_view what) const {
+    if (!owner) owner = &dict;
+    if (owner != &dict) fail(at, std::string(what) + " items are in two different dicts");
+  }
 
  public:
   // NOTE [Hostile .metadata]: PyTorch unpickles .metadata with the unrestricted pickle.load, so a
@@ -189,101 +219,140 @@ class MetadataReader {
   void read_storage_data(const ValuePtr& sd) {
     const auto* items = sd->dict_items();
     if (!items) fail(*sd, "storage_data is a " + sd->type_name() + ", expected a dict");
-    for (const auto& [k, v] : *items) {
-      if (kind_of(*k) != GlobalKind::kDcpMetadataIndex) fail(*k, "storage_data key is a " + k->type_name() + ", expected a MetadataIndex");
-      if (kind_of(*v) != GlobalKind::kDcpStorageInfo) fail(*v, "storage_data value is a " + v->type_name() + ", expected a _StorageInfo");
-      const auto kf = fields(*k, "MetadataIndex");
-      const auto vf = fields(*v, "_StorageInfo");
-      const ValuePtr& fqn = require(kf, "fqn", *k);
-      if (!fqn->str()) fail(*fqn, "MetadataIndex.fqn is not a str");
-      Key key{*fqn->str(), false, {}};
-      if (const ValuePtr* off = kf.find("offset"); off && !(*off)->is<pickle::None>()) {
-        key.tensor = true;
-        key.offsets = size_of(*off, "MetadataIndex.offset");
+    for (const auto& [k, v] : *items) storage_item(k, v);
+  }
+
+  void storage_item(const ValuePtr& k, const ValuePtr& v) {
+    if (kind_of(*k) != GlobalKind::kDcpMetadataIndex) fail(*k, "storage_data key is a " + k->type_name() + ", expected a MetadataIndex");
+    if (kind_of(*v) != GlobalKind::kDcpStorageInfo) fail(*v, "storage_data value is a " + v->type_name() + ", expected a _StorageInfo");
+    const auto kf = fields(*k, "MetadataIndex");
+    const auto vf = fields(*v, "_StorageInfo");
+    const ValuePtr& fqn = require(kf, "fqn", *k);
+    if (!fqn->str()) fail(*fqn, "MetadataIndex.fqn is not a str");
+    Key key{*fqn->str(), false, {}};
+    if (const ValuePtr* off = kf.find("offset"); off && !(*off)->is<pickle::None>()) {
+      key.tensor = true;
+      key.offsets = size_of(*off, "MetadataIndex.offset");
+    }
+    ChunkLocation loc;
+    loc.encoding = ChunkEncoding::kTorchSaveItem;
+    loc.file = file_index(require(vf, "relative_path", *v));
+    const auto off = static_cast<std::uint64_t>(nonneg_int(require(vf, "offset", *v), *v, "_StorageInfo.offset"));
+    const auto len = static_cast<std::uint64_t>(nonneg_int(require(vf, "length", *v), *v, "_StorageInfo.length"));
+    if (off + len < off) fail(*v, "_StorageInfo offset + length overflows");
+    loc.offset = off;
+    loc.length = len;
+    if (const ValuePtr* td = vf.find("transform_descriptors"); td && !(*td)->is<pickle::None>()) {
+      const auto* seq = (*td)->sequence();
+      if (!seq) fail(*v, "transform_descriptors is not a list");
+      for (const auto& t : *seq) {
+        if (!t->str()) fail(*v, "transform descriptor is not a str");
+        loc.transforms.push_back(*t->str());
       }
-      ChunkLocation loc;
-      loc.encoding = ChunkEncoding::kTorchSaveItem;
-      loc.file = file_index(require(vf, "relative_path", *v));
-      const auto off = static_cast<std::uint64_t>(nonneg_int(require(vf, "offset", *v), *v, "_StorageInfo.offset"));
-      const auto len = static_cast<std::uint64_t>(nonneg_int(require(vf, "length", *v), *v, "_StorageInfo.length"));
-      if (off + len < off) fail(*v, "_StorageInfo offset + length overflows");
-      loc.offset = off;
-      loc.length = len;
-      if (const ValuePtr* td = vf.find("transform_descriptors"); td && !(*td)->is<pickle::None>()) {
-        const auto* seq = (*td)->sequence();
-        if (!seq) fail(*v, "transform_descriptors is not a list");
-        for (const auto& t : *seq) {
-          if (!t->str()) fail(*v, "transform descriptor is not a str");
-          loc.transforms.push_back(*t->str());
-        }
+    }
+    if (!place(key, loc, k->offset) && !pending_.emplace(std::move(key), Pending{std::move(loc), k->offset}).second) {
+      fail(*k, "storage_data names an entry at the same offsets twice");
+    }
+  }
+
+  // Gives `loc` to the chunk (or bytes entry) `key` names, when that is known already: false
+  // when it is not (storage_data may come first). A chunk given two locations is an error.
+  bool place(const Key& key, const ChunkLocation& loc, std::uint64_t at) {
+    auto it = entry_by_fqn_.find(key.fqn);
+    if (it == entry_by_fqn_.end() || it->second.tensor != key.tensor) return false;
+    if (!key.tensor) {
+      ObjectEntry& o = c_.objects[it->second.index];
+      if (o.item) throw Error(ErrorKind::kFormat, source_, at, "storage_data names an entry at the same offsets twice");
+      o.item = loc;
+      return true;
+    }
+    // Chunks are usually listed in storage_data in their own order: try the one after the last
+    // placed first.
+    TensorEntry& t = c_.tensors[it->second.index];
+    std::size_t& hint = it->second.next_chunk;
+    const std::size_t n = t.chunks.size();
+    bool taken = false;
+    for (std::size_t step = 0; step < n; ++step) {
+      const std::size_t i = (hint + step) % n;
+      Chunk& ch = t.chunks[i];
+      if (ch.offsets != key.offsets) continue;
+      if (ch.location) {
+        taken = true;
+        continue;
       }
-      if (!storage_.emplace(std::move(key), Stored{std::move(loc), false}).second) {
-        fail(*k, "storage_data names an entry at the same offsets twice");
-      }
+      ch.location = loc;
+      hint = i + 1;
+      return true;
+    }
+    if (taken) throw Error(ErrorKind::kFormat, source_, at, "storage_data names an entry at the same offsets twice");
+    return false;
+  }
+
+  // After both dicts: storage met before its entry is placed now; what is left belongs to nothing.
+  void finish() {
+    for (const auto& [key, p] : pending_) {
+      if (!place(key, p.location, p.offset)) c_.unreferenced_storage.push_back(key.fqn);
+    }
+    pending_.clear();
+    if (const auto& u = c_.unreferenced_storage; !u.empty()) {
+      c_.notes.push_back(std::to_string(u.size()) + " storage_data entries belong to no chunk (first: '" + u.front() + "')");
     }
   }
 
   void read_state_dict_metadata(const ValuePtr& sdm) {
     const auto* items = sdm->dict_items();
     if (!items) fail(*sdm, "state_dict_metadata is a " + sdm->type_name() + ", expected a dict");
-    for (const auto& [k, v] : *items) {
-      if (!k->str()) fail(*k, "state_dict_metadata key is a " + k->type_name() + ", expected a str");
-      const std::string& fqn = *k->str();
-      const GlobalKind kind = kind_of(*v);
-      if (kind == GlobalKind::kDcpBytesStorageMetadata) {
-        ObjectEntry e{fqn, c_.tensors.size() + c_.objects.size(), nullptr, std::nullopt};
-        Key key{fqn, false, {}};
-        if (auto it = storage_.find(key); it != storage_.end()) {
-          e.item = it->second.location;
-          it->second.used = true;
-        }
-        c_.objects.push_back(std::move(e));
-        continue;
-      }
-      if (kind != GlobalKind::kDcpTensorStorageMetadata) {
-        fail(*v, "entry '" + fqn + "' is a " + v->type_name() + ", expected TensorStorageMetadata or BytesStorageMetadata");
-      }
-      const auto f = fields(*v, "TensorStorageMetadata");
-      TensorEntry t;
-      t.name = fqn;
-      read_properties(require(f, "properties", *v), t);
-      t.shape = size_of(require(f, "size", *v), "size of '" + fqn + "'");
-      const ValuePtr& chunks = require(f, "chunks", *v);
-      const auto* seq = chunks->sequence();
-      if (!seq) fail(*chunks, "chunks of '" + fqn + "' is not a list");
-      for (const auto& cv : *seq) {
-        if (kind_of(*cv) != GlobalKind::kDcpChunkStorageMetadata) fail(*cv, "chunk of '" + fqn + "' is a " + cv->type_name());
-        const auto cf = fields(*cv, "ChunkStorageMetadata");
-        Chunk ch;
-        ch.offsets = size_of(require(cf, "offsets", *cv), "chunk offsets of '" + fqn + "'");
-        ch.sizes = size_of(require(cf, "sizes", *cv), "chunk sizes of '" + fqn + "'");
-        if (ch.offsets.size() != t.shape.size() || ch.sizes.size() != t.shape.size()) {
-          fail(*cv, "chunk of '" + fqn + "' has " + std::to_string(ch.offsets.size()) + "-d offsets and " +
-                        std::to_string(ch.sizes.size()) + "-d sizes for a " + std::to_string(t.shape.size()) + "-d tensor");
-        }
-        for (std::size_t d = 0; d < t.shape.size(); ++d) {
-          if (ch.offsets[d] + ch.sizes[d] > t.shape[d]) {
-            fail(*cv, "chunk of '" + fqn + "' spans [" + std::to_string(ch.offsets[d]) + ", " +
-                          std::to_string(ch.offsets[d] + ch.sizes[d]) + ") in dimension " + std::to_string(d) +
-                          ", past the tensor's size " + std::to_string(t.shape[d]));
-          }
-        }
-        Key key{fqn, true, ch.offsets};
-        if (auto it = storage_.find(key); it != storage_.end()) {
-          ch.location = std::move(it->second.location);
-          it->second.used = true;
-        }
-        t.chunks.push_back(std::move(ch));
-      }
-      t.position = c_.tensors.size() + c_.objects.size();
-      c_.tensors.push_back(std::move(t));
+    for (const auto& [k, v] : *items) state_dict_item(k, v);
+  }
+
+  void state_dict_item(const ValuePtr& k, const ValuePtr& v) {
+    if (!k->str()) fail(*k, "state_dict_metadata key is a " + k->type_name() + ", expected a str");
+    const std::string& fqn = *k->str();
+    const GlobalKind kind = kind_of(*v);
+    const std::size_t position = c_.tensors.size() + c_.objects.size();
+    if (kind == GlobalKind::kDcpBytesStorageMetadata) {
+      add_fqn(fqn, false, c_.objects.size(), *k);
+      c_.objects.push_back(ObjectEntry{fqn, position, nullptr, std::nullopt});
+      return;
     }
-    for (const auto& [key, st] : storage_) {
-      if (!st.used) c_.unreferenced_storage.push_back(key.fqn);
+    if (kind != GlobalKind::kDcpTensorStorageMetadata) {
+      fail(*v, "entry '" + fqn + "' is a " + v->type_name() + ", expected TensorStorageMetadata or BytesStorageMetadata");
     }
-    if (const auto& u = c_.unreferenced_storage; !u.empty()) {
-      c_.notes.push_back(std::to_string(u.size()) + " storage_data entries belong to no chunk (first: '" + u.front() + "')");
+    const auto f = fields(*v, "TensorStorageMetadata");
+    TensorEntry t;
+    t.name = fqn;
+    read_properties(require(f, "properties", *v), t);
+    t.shape = size_of(require(f, "size", *v), "size of '" + fqn + "'");
+    const ValuePtr& chunks = require(f, "chunks", *v);
+    const auto* seq = chunks->sequence();
+    if (!seq) fail(*chunks, "chunks of '" + fqn + "' is not a list");
+    t.chunks.reserve(seq->size());
+    for (const auto& cv : *seq) {
+      if (kind_of(*cv) != GlobalKind::kDcpChunkStorageMetadata) fail(*cv, "chunk of '" + fqn + "' is a " + cv->type_name());
+      const auto cf = fields(*cv, "ChunkStorageMetadata");
+      Chunk ch;
+      ch.offsets = size_of(require(cf, "offsets", *cv), "chunk offsets of '" + fqn + "'");
+      ch.sizes = size_of(require(cf, "sizes", *cv), "chunk sizes of '" + fqn + "'");
+      if (ch.offsets.size() != t.shape.size() || ch.sizes.size() != t.shape.size()) {
+        fail(*cv, "chunk of '" + fqn + "' has " + std::to_string(ch.offsets.size()) + "-d offsets and " +
+                      std::to_string(ch.sizes.size()) + "-d sizes for a " + std::to_string(t.shape.size()) + "-d tensor");
+      }
+      for (std::size_t d = 0; d < t.shape.size(); ++d) {
+        if (ch.offsets[d] + ch.sizes[d] > t.shape[d]) {
+          fail(*cv, "chunk of '" + fqn + "' spans [" + std::to_string(ch.offsets[d]) + ", " +
+                        std::to_string(ch.offsets[d] + ch.sizes[d]) + ") in dimension " + std::to_string(d) +
+                        ", past the tensor's size " + std::to_string(t.shape[d]));
+        }
+      }
+      t.chunks.push_back(std::move(ch));
     }
+    add_fqn(fqn, true, c_.tensors.size(), *k);
+    t.position = position;
+    c_.tensors.push_back(std::move(t));
+  }
+
+  void add_fqn(const std::string& fqn, bool tensor, std::size_t index, const Value& at) {
+    if (!entry_by_fqn_.emplace(fqn, Placed{tensor, index, 0}).second) fail(at, "state_dict_metadata names '" + fqn + "' twice");
   }
 
   void read_properties(const ValuePtr& p, TensorEntry& t) {
@@ -316,11 +385,19 @@ class MetadataReader {
   std::string source_;
   Checkpoint& c_;
   std::string writer_;
-  struct Stored {
-    ChunkLocation location;
-    bool used = false;
+  struct Placed {
+    bool tensor;
+    std::size_t index;       ///< into c_.tensors or c_.objects
+    std::size_t next_chunk;  ///< where place() looks first
   };
-  std::map<Key, Stored> storage_;
+  std::unordered_map<std::string, Placed> entry_by_fqn_;
+  struct Pending {
+    ChunkLocation location;
+    std::uint64_t offset;  ///< of its MetadataIndex, for errors
+  };
+  std::map<Key, Pending> pending_;  ///< storage_data items read before their entry
+  const Value* sdm_dict_ = nullptr;       ///< the dicts offer() took items from (compared only)
+  const Value* storage_dict_ = nullptr;
   struct FirstOpaque {
     const Value* node;  // compared, never dereferenced
     std::string name;
@@ -342,12 +419,18 @@ std::optional<int> rank_of(const std::string& name) {
 
 }  // namespace
 
-void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c, MetaTrees trees) {
+void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c, MetaTrees trees,
+                               const std::function<void(std::uint64_t)>& on_progress) {
   MetadataReader reader(source, c);
   pickle::ParseOptions o;
   o.persistent_ids = pickle::PersistentIds::kRefuse;
   o.on_global = [&](const Value& v) { reader.on_global(v); };
   o.on_object = [&](const Value& v) { reader.on_object(v); };
+  // Kept trees must be whole; otherwise items are consumed as they come (NOTE [Streaming .metadata]).
+  if (trees == MetaTrees::kDrop) {
+    o.on_dict_item = [&](const Value& d, const ValuePtr& k, const ValuePtr& v) { return reader.offer(d, k, v); };
+  }
+  o.on_progress = on_progress;
   ValuePtr root = pickle::parse(bytes, source, 0, o);
   reader.read(root);
   if (trees == MetaTrees::kKeep) c.meta_trees.emplace_back(".metadata", root);
@@ -365,7 +448,8 @@ Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
     owned = src->read_vector(0, src->size());
     bytes = owned;
   }
-  detail::read_dcp_metadata(*bytes, src->name(), c, trees);
+  // The pages already parsed are given back as parsing goes on: they are never read again.
+  detail::read_dcp_metadata(*bytes, src->name(), c, trees, [&](std::uint64_t done) { src->release(0, done); });
 
   // World size: the ranks whose data files the metadata names or the directory holds (a rank with
   // nothing to write still leaves an empty file).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -13,6 +14,6 @@ namespace ckpt::detail {
 /// Parses `.metadata` bytes (named `source` in errors) into `checkpoint`, whose `root` must be the
 /// directory the file names are relative to. Touches no data file.
 void read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
-                       MetaTrees trees = MetaTrees::kDrop);
+                       MetaTrees trees = MetaTrees::kDrop, const std::function<void(std::uint64_t)>& on_progress = {});
 
 }  // namespace ckpt::detail

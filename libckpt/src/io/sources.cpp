@@ -105,6 +105,16 @@ class MmapSource final : public SpanSource {
   MmapSource(const MmapSource&) = delete;
   MmapSource& operator=(const MmapSource&) = delete;
 
+  void release(std::uint64_t offset, std::uint64_t length) const override {
+    if (!map_ || offset >= data_.size()) return;
+    const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    const std::uint64_t end = std::min<std::uint64_t>(data_.size(), offset + length) / page * page;
+    const std::uint64_t begin = (offset + page - 1) / page * page;
+    if (begin >= end) return;
+    // Clean pages of a private read-only mapping: dropping them loses nothing.
+    ::madvise(static_cast<std::byte*>(map_) + begin, static_cast<std::size_t>(end - begin), MADV_DONTNEED);
+  }
+
  private:
   void* map_ = nullptr;
 };
@@ -156,6 +166,7 @@ class SubSource final : public ByteSource {
 }  // namespace
 
 std::optional<std::span<const std::byte>> ByteSource::view(std::uint64_t, std::uint64_t) const { return std::nullopt; }
+void ByteSource::release(std::uint64_t, std::uint64_t) const {}
 
 void ByteSource::check_range(std::uint64_t offset, std::uint64_t length, std::string_view what) const {
   const std::uint64_t n = size();

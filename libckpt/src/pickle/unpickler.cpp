@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The restricted pickle VM. See NOTE [The unpickler never calls anything] in ckpt/pickle.hpp.
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckpt/error.hpp"
 #include "ckpt/pickle.hpp"
@@ -71,14 +73,106 @@ Int decode_long(std::span<const std::byte> raw) {
   return out;
 }
 
+// A set of memo indices: a bitmap below kDense, a hash set above (only hand-made pickles go there).
+class IndexSet {
+ public:
+  static constexpr std::uint64_t kDense = std::uint64_t{1} << 26;
+  /// Adds `i`; returns whether it was new.
+  bool insert(std::uint64_t i) {
+    if (i >= kDense) return sparse_.insert(i).second;
+    const std::size_t w = static_cast<std::size_t>(i >> 6);
+    if (w >= bits_.size()) bits_.resize(std::max(w + 1, bits_.size() * 2), 0);
+    const std::uint64_t m = std::uint64_t{1} << (i & 63);
+    const bool fresh = (bits_[w] & m) == 0;
+    bits_[w] |= m;
+    return fresh;
+  }
+  bool contains(std::uint64_t i) const {
+    if (i >= kDense) return sparse_.count(i) != 0;
+    const std::size_t w = static_cast<std::size_t>(i >> 6);
+    return w < bits_.size() && (bits_[w] >> (i & 63) & 1) != 0;
+  }
+
+ private:
+  std::vector<std::uint64_t> bits_;
+  std::unordered_set<std::uint64_t> sparse_;
+};
+
+// The memo indices a GET refers to, found by walking the opcodes without running them. The walk
+// stops where the pickle stops making sense (an unknown opcode, a length past the end); the real
+// pass fails at that same opcode, so no GET after it ever runs.
+IndexSet referenced_memo(std::span<const std::byte> bytes) {
+  IndexSet out;
+  const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  const std::size_t n = bytes.size();
+  std::size_t i = 0;
+  auto le = [&](std::size_t at, int width) {
+    std::uint64_t v = 0;
+    for (int k = width - 1; k >= 0; --k) v = (v << 8) | p[at + static_cast<std::size_t>(k)];
+    return v;
+  };
+  while (i < n) {
+    const std::uint8_t code = p[i++];
+    std::uint64_t skip = 0;  // operand bytes after the opcode
+    switch (code) {
+      case op::kStop: return out;
+      case op::kMark: case op::kEmptyTuple: case op::kTuple1: case op::kTuple2: case op::kTuple3: case op::kTuple:
+      case op::kEmptyList: case op::kAppend: case op::kAppends: case op::kEmptyDict: case op::kSetItem:
+      case op::kSetItems: case op::kEmptySet: case op::kAddItems: case op::kFrozenSet: case op::kNone:
+      case op::kNewTrue: case op::kNewFalse: case op::kStackGlobal: case op::kReduce: case op::kNewObj:
+      case op::kNewObjEx: case op::kBuild: case op::kBinPersId: case op::kMemoize:
+        break;
+      case op::kProto: case op::kBinInt1: case op::kBinPut: skip = 1; break;
+      case op::kBinInt2: skip = 2; break;
+      case op::kBinInt: case op::kLongBinPut: skip = 4; break;
+      case op::kFrame: case op::kBinFloat: skip = 8; break;
+      case op::kBinGet:
+      case op::kLongBinGet: {
+        const int width = code == op::kBinGet ? 1 : 4;
+        if (n - i < static_cast<std::size_t>(width)) return out;
+        out.insert(le(i, width));
+        skip = static_cast<std::uint64_t>(width);
+        break;
+      }
+      case op::kLong1: case op::kShortBinUnicode: case op::kShortBinString: case op::kShortBinBytes:
+      case op::kLong4: case op::kBinUnicode: case op::kBinBytes: case op::kBinUnicode8: case op::kBinBytes8: {
+        const int width = code == op::kBinUnicode8 || code == op::kBinBytes8 ? 8
+                          : code == op::kLong4 || code == op::kBinUnicode || code == op::kBinBytes ? 4 : 1;
+        if (n - i < static_cast<std::size_t>(width)) return out;
+        const std::uint64_t len = le(i, width);
+        i += static_cast<std::size_t>(width);
+        if (len > n - i) return out;
+        skip = len;
+        break;
+      }
+      case op::kGlobal:
+        for (int line = 0; line < 2; ++line) {
+          while (i < n && p[i] != '\n') ++i;
+          if (i == n) return out;
+          ++i;
+        }
+        break;
+      default: return out;
+    }
+    if (skip > n - i) return out;
+    i += static_cast<std::size_t>(skip);
+  }
+  return out;
+}
+
 class Unpickler {
  public:
   Unpickler(std::span<const std::byte> bytes, const std::string& source, std::uint64_t base, const ParseOptions& options)
-      : in_(bytes, source, base), options_(options) {}
+      : in_(bytes, source, base), options_(options), referenced_(referenced_memo(bytes)) {}
 
   ValuePtr run() {
     if (in_.at_end()) in_.fail("empty pickle: no opcodes");
+    std::uint64_t next_progress = options_.progress_every;
     while (true) {
+      if (options_.on_progress && in_.position() >= next_progress) {
+        options_.on_progress(in_.position());
+        next_progress = in_.position() + options_.progress_every;
+      }
       op_offset_ = in_.offset();
       const std::uint8_t code = in_.u8("opcode");
       if (code == op::kStop) {
@@ -195,7 +289,9 @@ class Unpickler {
     else if (auto* o = target.get_if<std::unique_ptr<Object>>()) dst = &(*o)->dict_items;
     else fail(std::string(op) + " onto a " + target.type_name() + ", expected a dict");
     expect_mutable(target, op);
+    const bool offer = options_.on_dict_item && target.is<Dict>();
     for (std::size_t i = 0; i < flat.size(); i += 2) {
+      if (offer && options_.on_dict_item(target, flat[i], flat[i + 1])) continue;
       adopt(target, flat[i]);
       adopt(target, flat[i + 1]);
       dst->emplace_back(std::move(flat[i]), std::move(flat[i + 1]));
@@ -223,25 +319,17 @@ class Unpickler {
     push(std::move(v));
   }
 
-  // The memo: writers number entries 0, 1, 2, ... so a vector holds them; other indices (allowed,
-  // never produced by CPython) go to a map. memo_size() is len(memo) as MEMOIZE needs it.
+  // The memo: only the entries some GET refers to are kept (referenced_); `set_` records every
+  // index that was set, since MEMOIZE numbers entries by len(memo).
   void memo_put(std::uint64_t index) {
     const ValuePtr& v = top("memo put");
-    if (index < memo_vec_.size()) {
-      if (!memo_vec_[index]) ++memo_count_;
-      memo_vec_[static_cast<std::size_t>(index)] = v;
-    } else if (index == memo_vec_.size() && !memo_map_.count(index)) {
-      memo_vec_.push_back(v);
-      ++memo_count_;
-    } else {
-      if (memo_map_.insert_or_assign(index, v).second) ++memo_count_;
-    }
+    if (set_.insert(index)) ++memo_count_;
+    if (referenced_.contains(index)) memo_.insert_or_assign(index, v);
   }
   std::uint64_t memo_size() const { return memo_count_; }
   void memo_get(std::uint64_t index) {
-    if (index < memo_vec_.size() && memo_vec_[static_cast<std::size_t>(index)]) return push(memo_vec_[static_cast<std::size_t>(index)]);
-    auto it = memo_map_.find(index);
-    if (it == memo_map_.end()) fail("memo index " + std::to_string(index) + " is not set (" + std::to_string(memo_count_) + " entries)");
+    auto it = memo_.find(index);
+    if (it == memo_.end()) fail("memo index " + std::to_string(index) + " is not set (" + std::to_string(memo_count_) + " entries)");
     push(it->second);
   }
 
@@ -446,8 +534,9 @@ class Unpickler {
   std::uint64_t op_offset_ = 0;
   std::vector<ValuePtr> stack_;
   std::vector<std::size_t> marks_;
-  std::vector<ValuePtr> memo_vec_;
-  std::unordered_map<std::uint64_t, ValuePtr> memo_map_;
+  IndexSet referenced_;
+  IndexSet set_;
+  std::unordered_map<std::uint64_t, ValuePtr> memo_;
   std::uint64_t memo_count_ = 0;
   ValuePtr none_, true_, false_, empty_tuple_;
   std::array<ValuePtr, 256> small_ints_;

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
@@ -187,6 +188,20 @@ TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
        "_StorageInfo.length is -1, expected a non-negative int"},
       {"not a Metadata", [](auto& root) { root = pk::make_dict(); }, "top-level object is a dict, expected a Metadata object"},
       {"key not a MetadataIndex", [](auto& root) { first_key(field(root, "storage_data")) = pk::make_str("x"); }, "expected a MetadataIndex"},
+      {"storage item twice", [](auto& root) {
+         auto& items = std::get<pk::Dict>(field(root, "storage_data")->payload).items;
+         items.push_back(items.front());
+       },
+       "storage_data names an entry at the same offsets twice"},
+      {"entry twice", [](auto& root) {
+         auto& items = std::get<pk::Dict>(field(root, "state_dict_metadata")->payload).items;
+         items.push_back(items.front());
+       },
+       "state_dict_metadata names 'model.w' twice"},
+      {"tensor entry outside state_dict_metadata", [](auto& root) {
+         field(root, "planner_data") = pk::make_dict({{pk::make_str("x"), first_value(field(root, "state_dict_metadata"))}});
+       },
+       "TensorStorageMetadata items are in two different dicts"},
   };
   for (const auto& row : rows) {
     SECTION(row.defect) {
@@ -264,4 +279,49 @@ TEST_CASE("a DCP directory with Lightning's meta.pt", "[ckpt][dcp]") {
   CHECK(c.files.back().relative == "meta.pt");
   REQUIRE(c.meta_trees.size() == 1);
   CHECK(c.meta_trees[0].first == "meta.pt");
+}
+
+namespace {
+// Everything open_dcp indexes, one line per chunk or object, for comparing two readings.
+std::string index_of(const ckpt::Checkpoint& c) {
+  std::string out;
+  for (const auto& t : c.tensors) {
+    for (const auto& ch : t.chunks) {
+      out += t.name + " @" + std::to_string(t.position) + " [";
+      for (auto o : ch.offsets) out += std::to_string(o) + ",";
+      out += "] ";
+      if (ch.location) out += c.files[ch.location->file].relative + ":" + std::to_string(ch.location->offset) + "+" + std::to_string(ch.location->length);
+      out += "\n";
+    }
+  }
+  for (const auto& o : c.objects) {
+    out += o.name + " @" + std::to_string(o.position) + " " + (o.item ? std::to_string(o.item->offset) : "-") + "\n";
+  }
+  for (const auto& u : c.unreferenced_storage) out += "unreferenced " + u + "\n";
+  return out;
+}
+}  // namespace
+
+TEST_CASE("streamed .metadata: the index is the same in either dict order and with the tree kept", "[ckpt][dcp]") {
+  TestDir dir;
+  write_sample(dir.path());
+  const std::string expected = index_of(ckpt::open_dcp(dir.path(), ckpt::MetaTrees::kKeep));
+  CHECK(index_of(ckpt::open_dcp(dir.path())) == expected);
+  CHECK(expected.find("model.w @0 [3,0,] __1_0.distcp:") != std::string::npos);
+  // storage_data before state_dict_metadata (no writer does this, the format allows it): every
+  // item is met before its chunk and placed at the end.
+  edit_metadata(dir.path(), [](pk::ValuePtr& root) {
+    auto* o = std::get<std::unique_ptr<pk::Object>>(root->payload).get();
+    auto& items = std::get<pk::Dict>(o->state->payload).items;
+    std::stable_partition(items.begin(), items.end(), [](const auto& kv) { return *kv.first->str() == "storage_data"; });
+  });
+  CHECK(index_of(ckpt::open_dcp(dir.path())) == expected);
+  // An item that belongs to no chunk is reported, in both readings.
+  edit_metadata(dir.path(), [](pk::ValuePtr& root) {
+    auto& items = std::get<pk::Dict>(field(root, "state_dict_metadata")->payload).items;
+    items.erase(items.begin());
+  });
+  const std::string dropped = index_of(ckpt::open_dcp(dir.path()));
+  CHECK(dropped == index_of(ckpt::open_dcp(dir.path(), ckpt::MetaTrees::kKeep)));
+  CHECK(dropped.find("unreferenced model.w") != std::string::npos);
 }
