@@ -13,6 +13,7 @@
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -313,12 +314,29 @@ def env_launch():
 
 def latest_skips_incomplete():
     d = os.path.join(work, "inc")
-    train("--steps", "3", "--batch-size", "4", "--ckpt-dir", d)
+    train("--steps", "3", "--batch-size", "4", "--ckpt-dir", d, "--save-every", "2")
+    assert sorted(os.listdir(d)) == ["step-00000002", "step-00000003"], os.listdir(d)
     os.makedirs(os.path.join(d, "step-00000099"))  # a save that never finished
-    r = subprocess.run([a.train, *BASE[:-1], "--data", a.text, "--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest"],
-                       capture_output=True, text=True, timeout=300)
+    resume = [a.train, *BASE[:-1], "--data", a.text, "--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest"]
+    r = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "step-00000099 is incomplete" in r.stdout and "resumed from" in r.stdout and "step-00000003" in r.stdout, r.stdout
+    # A damaged newest checkpoint (a data file cut short) is skipped for the one before, with a
+    # warning naming the problem, and left where it is.
+    shutil.rmtree(os.path.join(d, "step-00000004"))
+    victim = os.path.join(d, "step-00000003", "__0_0.distcp")
+    os.truncate(victim, os.path.getsize(victim) // 2)
+    r = subprocess.run(resume, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "step-00000003 is damaged (" in r.stdout and "passes the end of the file" in r.stdout, r.stdout
+    assert "resumed from " + os.path.join(d, "step-00000002") + " at step 2" in r.stdout, r.stdout
+    assert os.path.getsize(victim) > 0
+    # When every checkpoint is damaged, it refuses to start over.
+    shutil.rmtree(os.path.join(d, "step-00000004"))
+    os.truncate(os.path.join(d, "step-00000002", "__0_0.distcp"), 10)
+    r = subprocess.run(resume, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "every checkpoint in" in r.stderr and "is damaged" in r.stderr, r.stderr
 
 
 def bad_data():

@@ -18,8 +18,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
 
+#include "ckpt/ops/inspect.hpp"
 #include "ckpt/pickle.hpp"
 #include "fsdp-train/data.hpp"
 #include "fsdp-train/model.hpp"
@@ -466,7 +468,28 @@ class Trainer {
         say("no complete checkpoint in " + c_.ckpt_dir + " yet: starting from step 0");
         return 0;
       }
-      path = dirs.complete.back().second;
+      // The newest that passes a structural verify (every file there, every item inside its file,
+      // the chunks tiling each tensor); a damaged one is skipped with a warning, never deleted.
+      path.clear();
+      for (auto it = dirs.complete.rbegin(); it != dirs.complete.rend() && path.empty(); ++it) {
+        std::ostringstream report;
+        bool sound = false;
+        try {
+          sound = ckpt::verify({it->second, ckpt::VerifyDepth::kStructure, ckpt::OutputFormat::kText}, report);
+        } catch (const std::exception& e) {
+          report << e.what();
+        }
+        if (sound) {
+          path = it->second;
+        } else {
+          std::string first = report.str().substr(0, report.str().find('\n'));
+          if (first.starts_with("problem: ")) first.erase(0, 9);
+          say("warning: " + it->second.string() + " is damaged (" + first + "); skipping it");
+        }
+      }
+      if (path.empty()) {
+        throw std::runtime_error("every checkpoint in " + c_.ckpt_dir + " is damaged (see the warnings); not starting over: pass --resume PATH or move them away");
+      }
     }
     if (!fs::is_regular_file(path) && !fs::exists(path / ".metadata")) {
       throw std::runtime_error(path.string() + ": not a complete checkpoint (no .metadata)");
