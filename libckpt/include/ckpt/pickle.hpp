@@ -97,6 +97,8 @@ struct Global {
   GlobalKind kind = GlobalKind::kOpaque;
   ValuePtr module_str;     ///< the str nodes STACK_GLOBAL took them from (protocol 4), for identity
   ValuePtr name_str;
+  static void* operator new(std::size_t size);  ///< from the node pool (pickle/node_pool.hpp)
+  static void operator delete(void* p, std::size_t size) noexcept;
 };
 
 /// How an Object was made.
@@ -112,6 +114,8 @@ struct Object {
   ValuePtr state;     ///< from BUILD, or null
   std::vector<ValuePtr> list_items;
   std::vector<std::pair<ValuePtr, ValuePtr>> dict_items;
+  static void* operator new(std::size_t size);  ///< from the node pool (pickle/node_pool.hpp)
+  static void operator delete(void* p, std::size_t size) noexcept;
 };
 
 /// The result of BINPERSID: `pid` is what the pickle carried (for torch.save a 5-tuple).

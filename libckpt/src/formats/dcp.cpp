@@ -151,7 +151,9 @@ class MetadataReader {
     const pickle::Global* g = o && o->callable ? o->callable->global() : nullptr;
     return g ? g->kind : GlobalKind::kOpaque;
   }
-  std::vector<std::int64_t> size_of(const ValuePtr& v, std::string_view what) const {
+  // `what` (of `fqn` when given) names the size in errors; the message is built only then.
+  std::vector<std::int64_t> size_of(const ValuePtr& v, std::string_view what_, const std::string* fqn = nullptr) const {
+    auto what = [&] { return std::string(what_) + (fqn ? " of '" + *fqn + "'" : std::string()); };
     const std::vector<ValuePtr>* seq = nullptr;
     if (kind_of(*v) == GlobalKind::kTorchSize) {
       const auto* args = v->object()->args->sequence();
@@ -159,11 +161,12 @@ class MetadataReader {
     } else {
       seq = v->sequence();
     }
-    if (!seq) fail(*v, std::string(what) + " is a " + v->type_name() + ", expected a torch.Size");
+    if (!seq) fail(*v, what() + " is a " + v->type_name() + ", expected a torch.Size");
     std::vector<std::int64_t> out;
+    out.reserve(seq->size());
     for (const auto& x : *seq) {
       auto i = x->int64();
-      if (!i || *i < 0) fail(*v, std::string(what) + " holds " + pickle::repr(*x, 40) + ", expected non-negative ints");  // v: the Size
+      if (!i || *i < 0) fail(*v, what() + " holds " + pickle::repr(*x, 40) + ", expected non-negative ints");  // v: the Size
       out.push_back(*i);
     }
     return out;
@@ -197,11 +200,11 @@ class MetadataReader {
   std::size_t file_index(const ValuePtr& name_node) {
     const std::string* name = name_node->str();
     if (!name) fail(*name_node, "relative_path is a " + name_node->type_name() + ", expected a str");
+    if (auto it = file_by_name_.find(*name); it != file_by_name_.end()) return it->second;  // checked when first met
     std::filesystem::path p(*name);
     bool bad = name->empty() || p.is_absolute() || name->find('\0') != std::string::npos || name->front() == '/';
     for (const auto& part : p) bad = bad || part == "..";
     if (bad) fail(*name_node, "relative_path '" + *name + "' leaves the checkpoint directory (absolute or with '..')");
-    if (auto it = file_by_name_.find(*name); it != file_by_name_.end()) return it->second;
     CheckpointFile f;
     f.relative = *name;
     f.path = c_.root / p;
@@ -229,10 +232,11 @@ class MetadataReader {
     const auto vf = fields(*v, "_StorageInfo");
     const ValuePtr& fqn = require(kf, "fqn", *k);
     if (!fqn->str()) fail(*fqn, "MetadataIndex.fqn is not a str");
-    Key key{*fqn->str(), false, {}};
+    bool tensor = false;
+    std::vector<std::int64_t> offsets;
     if (const ValuePtr* off = kf.find("offset"); off && !(*off)->is<pickle::None>()) {
-      key.tensor = true;
-      key.offsets = size_of(*off, "MetadataIndex.offset");
+      tensor = true;
+      offsets = size_of(*off, "MetadataIndex.offset");
     }
     ChunkLocation loc;
     loc.encoding = ChunkEncoding::kTorchSaveItem;
@@ -250,17 +254,19 @@ class MetadataReader {
         loc.transforms.push_back(*t->str());
       }
     }
-    if (!place(key, loc, k->offset) && !pending_.emplace(std::move(key), Pending{std::move(loc), k->offset}).second) {
+    if (!place(*fqn->str(), tensor, offsets, loc, k->offset) &&
+        !pending_.emplace(Key{*fqn->str(), tensor, std::move(offsets)}, Pending{std::move(loc), k->offset}).second) {
       fail(*k, "storage_data names an entry at the same offsets twice");
     }
   }
 
   // Gives `loc` to the chunk (or bytes entry) `key` names, when that is known already: false
   // when it is not (storage_data may come first). A chunk given two locations is an error.
-  bool place(const Key& key, const ChunkLocation& loc, std::uint64_t at) {
-    auto it = entry_by_fqn_.find(key.fqn);
-    if (it == entry_by_fqn_.end() || it->second.tensor != key.tensor) return false;
-    if (!key.tensor) {
+  bool place(const std::string& fqn, bool tensor, const std::vector<std::int64_t>& offsets, const ChunkLocation& loc,
+             std::uint64_t at) {
+    auto it = entry_by_fqn_.find(fqn);
+    if (it == entry_by_fqn_.end() || it->second.tensor != tensor) return false;
+    if (!tensor) {
       ObjectEntry& o = c_.objects[it->second.index];
       if (o.item) throw Error(ErrorKind::kFormat, source_, at, "storage_data names an entry at the same offsets twice");
       o.item = loc;
@@ -275,7 +281,7 @@ class MetadataReader {
     for (std::size_t step = 0; step < n; ++step) {
       const std::size_t i = (hint + step) % n;
       Chunk& ch = t.chunks[i];
-      if (ch.offsets != key.offsets) continue;
+      if (ch.offsets != offsets) continue;
       if (ch.location) {
         taken = true;
         continue;
@@ -291,7 +297,7 @@ class MetadataReader {
   // After both dicts: storage met before its entry is placed now; what is left belongs to nothing.
   void finish() {
     for (const auto& [key, p] : pending_) {
-      if (!place(key, p.location, p.offset)) c_.unreferenced_storage.push_back(key.fqn);
+      if (!place(key.fqn, key.tensor, key.offsets, p.location, p.offset)) c_.unreferenced_storage.push_back(key.fqn);
     }
     pending_.clear();
     if (const auto& u = c_.unreferenced_storage; !u.empty()) {
@@ -322,7 +328,7 @@ class MetadataReader {
     TensorEntry t;
     t.name = fqn;
     read_properties(require(f, "properties", *v), t);
-    t.shape = size_of(require(f, "size", *v), "size of '" + fqn + "'");
+    t.shape = size_of(require(f, "size", *v), "size", &fqn);
     const ValuePtr& chunks = require(f, "chunks", *v);
     const auto* seq = chunks->sequence();
     if (!seq) fail(*chunks, "chunks of '" + fqn + "' is not a list");
@@ -331,8 +337,8 @@ class MetadataReader {
       if (kind_of(*cv) != GlobalKind::kDcpChunkStorageMetadata) fail(*cv, "chunk of '" + fqn + "' is a " + cv->type_name());
       const auto cf = fields(*cv, "ChunkStorageMetadata");
       Chunk ch;
-      ch.offsets = size_of(require(cf, "offsets", *cv), "chunk offsets of '" + fqn + "'");
-      ch.sizes = size_of(require(cf, "sizes", *cv), "chunk sizes of '" + fqn + "'");
+      ch.offsets = size_of(require(cf, "offsets", *cv), "chunk offsets", &fqn);
+      ch.sizes = size_of(require(cf, "sizes", *cv), "chunk sizes", &fqn);
       if (ch.offsets.size() != t.shape.size() || ch.sizes.size() != t.shape.size()) {
         fail(*cv, "chunk of '" + fqn + "' has " + std::to_string(ch.offsets.size()) + "-d offsets and " +
                       std::to_string(ch.sizes.size()) + "-d sizes for a " + std::to_string(t.shape.size()) + "-d tensor");

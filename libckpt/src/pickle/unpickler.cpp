@@ -9,6 +9,7 @@
 #include "ckpt/error.hpp"
 #include "ckpt/pickle.hpp"
 #include "io/cursor.hpp"
+#include "pickle/node_pool.hpp"
 #include "pickle/opcodes.hpp"
 
 namespace ckpt::pickle {
@@ -233,7 +234,7 @@ class Unpickler {
     }
   }
   ValuePtr make(Payload p, std::span<const ValuePtr> children = {}) {
-    auto v = std::make_shared<Value>();
+    auto v = pool::new_node();
     v->payload = std::move(p);
     v->offset = op_offset_;
     for (const auto& c : children) adopt(*v, c);
@@ -309,7 +310,7 @@ class Unpickler {
     o->op = bop;
     o->args = args;
     o->kwargs = kwargs;
-    auto v = std::make_shared<Value>();
+    auto v = pool::new_node();
     v->payload = std::move(o);
     v->offset = op_offset_;
     adopt(*v, callable);

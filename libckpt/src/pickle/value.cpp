@@ -5,12 +5,19 @@
 #include <unordered_map>
 
 #include "ckpt/pickle.hpp"
+#include "pickle/node_pool.hpp"
 
 namespace ckpt::pickle {
+
+void* Global::operator new(std::size_t size) { return pool::get(size); }
+void Global::operator delete(void* p, std::size_t size) noexcept { pool::put(p, size); }
+void* Object::operator new(std::size_t size) { return pool::get(size); }
+void Object::operator delete(void* p, std::size_t size) noexcept { pool::put(p, size); }
+
 namespace {
 
 ValuePtr wrap(Payload p) {
-  auto v = std::make_shared<Value>();
+  auto v = pool::new_node();
   v->payload = std::move(p);
   return v;
 }
