@@ -12,9 +12,20 @@
 
 #include "ckpt/pickle.hpp"
 
+#if defined(__SANITIZE_ADDRESS__)  // GCC
+#define CKPT_NODE_POOL 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)  // clang
+#define CKPT_NODE_POOL 0
+#endif
+#endif
+#ifndef CKPT_NODE_POOL
+#define CKPT_NODE_POOL 1
+#endif
+
 namespace ckpt::pickle::pool {
 
-#if defined(__SANITIZE_ADDRESS__)
+#if !CKPT_NODE_POOL
 inline void* get(std::size_t size) { return ::operator new(size); }
 inline void put(void* p, std::size_t) noexcept { ::operator delete(p); }
 #else
