@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "ckpt/cast.hpp"
 #include "ckpt/copy.hpp"
@@ -55,16 +56,24 @@ struct StorageSource {
 // The nested output, built with torch's _traverse.set_element rules.
 struct Node {
   enum Kind { kNone, kDict, kList, kLeaf } kind = kNone;
-  std::vector<std::pair<Key, std::unique_ptr<Node>>> dict;
+  std::vector<std::pair<Key, std::unique_ptr<Node>>> dict;  ///< in insertion order, as a Python dict
   std::vector<std::unique_ptr<Node>> list;
   const Leaf* leaf = nullptr;
 
-  Node* child(const Key& k) {
-    for (auto& [key, n] : dict) {
-      if (key == k) return n.get();
-    }
-    return nullptr;
+  /// The slot of `k` in `dict`, or nullptr. Hashed: a flat state dict has a key per tensor.
+  std::unique_ptr<Node>* find(const Key& k) {
+    auto it = index_.find(hash_key(k));
+    return it == index_.end() ? nullptr : &dict[it->second].second;
   }
+  std::unique_ptr<Node>& add(const Key& k, std::unique_ptr<Node> n) {
+    index_.emplace(hash_key(k), dict.size());
+    dict.emplace_back(k, std::move(n));
+    return dict.back().second;
+  }
+
+ private:
+  static std::string hash_key(const Key& k) { return k.is_int ? "i" + std::to_string(k.index) : "s" + k.text; }
+  std::unordered_map<std::string, std::size_t> index_;
 };
 
 std::string path_text(const std::vector<Key>& path) {
@@ -80,11 +89,8 @@ void set_element(Node& root, const Leaf& leaf, const std::string& where) {
   };
   auto slot = [&](Node& container, const Key& k) -> std::unique_ptr<Node>& {
     if (container.kind == Node::kDict) {
-      for (auto& [key, n] : container.dict) {
-        if (key == k) return n;
-      }
-      container.dict.emplace_back(k, std::make_unique<Node>());
-      return container.dict.back().second;
+      if (std::unique_ptr<Node>* n = container.find(k)) return *n;
+      return container.add(k, std::make_unique<Node>());
     }
     if (container.kind != Node::kList) fail("goes through a value that is not a dict or list");
     if (!k.is_int || k.index < 0) fail("indexes a list with '" + k.display() + "'");
@@ -282,10 +288,10 @@ class Merger {
         std::unique_ptr<Node> n = std::make_unique<Node>();
         n->kind = Node::kLeaf;
         n->leaf = &l;
-        if (Node* existing = root.child(l.path.front())) {
-          *existing = std::move(*n);
+        if (std::unique_ptr<Node>* existing = root.find(l.path.front())) {
+          *existing = std::move(n);
         } else {
-          root.dict.emplace_back(l.path.front(), std::move(n));
+          root.add(l.path.front(), std::move(n));
         }
         continue;
       }
