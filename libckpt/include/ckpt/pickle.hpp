@@ -33,6 +33,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -218,6 +219,22 @@ ValuePtr parse(std::span<const std::byte> bytes, const std::string& source, std:
 /// protocol cannot express (NEWOBJ_EX under protocol 2).
 std::vector<std::byte> write(const Value& root, int protocol,
                              const std::function<void(const PersistentId&)>& on_persistent_id = {});
+
+/// The items of a dict that write_streamed() makes while it writes it: called with the number of
+/// items made so far, returns the next ones (at most 1000, CPython's batch), none after the last.
+using DictBatches = std::function<std::vector<std::pair<ValuePtr, ValuePtr>>(std::size_t done)>;
+
+/// write() for trees too big to hold at once (.metadata of a million chunks): each dict of `root`
+/// named in `streamed` (an empty placeholder in the tree) is filled batch by batch while it is
+/// written, each batch is dropped once written, and the bytes go to `out` as frames complete. A
+/// node made for a batch is memoized within that batch only (once freed, its address may come
+/// back as another node), so a value two batches share is written once in each: still a pickle
+/// any unpickler reads alike. Nodes in `persistent` outlive the write and stay memoized throughout
+/// (field names, as CPython's interned strings). The output equals write()'s when nothing is shared
+/// between batches except persistent nodes.
+void write_streamed(const Value& root, int protocol, const std::unordered_map<const Value*, DictBatches>& streamed,
+                    const std::function<void(std::span<const std::byte>)>& out,
+                    const std::vector<ValuePtr>& persistent = {});
 
 /// A readable one-line rendering for --meta and messages, Python repr-like: {'a': 1, 'b': [2.5]},
 /// objects as `module.name(args)` with `{state}`; at most `max_chars` characters.

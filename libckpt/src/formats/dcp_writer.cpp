@@ -9,6 +9,8 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <tuple>
+#include <unordered_map>
 #include <thread>
 
 #include "ckpt/dcp.hpp"
@@ -97,6 +99,12 @@ class MetadataBuilder {
     info_ = pk::make_global(fs, "_StorageInfo");
     size_ = pk::make_global("torch", "Size");
     get_layout_ = pk::make_global("torch.serialization", "_get_layout");
+    // Every field name now, so that persistent() names them all before anything is written.
+    for (const char* f : {"properties", "size", "chunks", "offsets", "sizes", "fqn", "offset", "index", "relative_path",
+                          "length", "transform_descriptors", "state_dict_metadata", "planner_data", "storage_data",
+                          "storage_meta", "version", "checkpoint_id", "save_id", "load_id", "modules"}) {
+      field(f);
+    }
   }
 
   ValuePtr size(const std::vector<std::int64_t>& v) {
@@ -117,7 +125,9 @@ class MetadataBuilder {
   }
   ValuePtr bytes_meta() { return pk::make_object(bsm_, pk::BuildOp::kNewObj, pk::make_tuple()); }
   ValuePtr index(const DcpItem& it) {
-    std::vector<std::pair<std::string, ValuePtr>> f{{"fqn", pk::make_str(it.fqn)}};
+    std::vector<std::pair<std::string, ValuePtr>> f;
+    f.reserve(3);  // (grown from one, GCC 12 -O3 warns falsely: -Warray-bounds)
+    f.emplace_back("fqn", pk::make_str(it.fqn));
     f.emplace_back("index", it.offsets ? pk::make_int(static_cast<std::int64_t>(it.chunk_index)) : pk::make_none());
     if (it.offsets) f.emplace_back("offset", size(*it.offsets));
     return dataclass(index_, std::move(f));
@@ -128,6 +138,12 @@ class MetadataBuilder {
                                                     {"length", pk::make_int(static_cast<std::int64_t>(it.length))}};
     if (zstd) f.emplace_back("transform_descriptors", pk::make_list({pk::make_str("stream.zstd/1")}));
     return dataclass(info_, std::move(f));
+  }
+  /// The nodes every entry shares: field names and classes.
+  std::vector<ValuePtr> persistent() const {
+    std::vector<ValuePtr> out{metadata_, tsm_, csm_, bsm_, index_, storage_meta_, props_, memfmt_, info_, size_, get_layout_};
+    for (const auto& [k, v] : fields_) out.push_back(v);
+    return out;
   }
   ValuePtr metadata(ValuePtr sdm, ValuePtr planner, ValuePtr storage) {
     std::vector<std::pair<std::string, ValuePtr>> f{{"state_dict_metadata", std::move(sdm)},
@@ -404,25 +420,43 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
   // checkpoint, by the rename of .metadata.tmp (what DCP's FileSystemWriter.finish does).
   const bool zstd = plan.compression == DcpCompression::kZstd;
   MetadataBuilder mb(plan.layout);
-  std::vector<std::pair<std::size_t, std::pair<ValuePtr, ValuePtr>>> entries;
-  for (const auto& t : plan.tensors) entries.push_back({t.position, {pk::make_str(t.fqn), mb.tensor_meta(t)}});
-  for (const auto& o : plan.objects) entries.push_back({o.position, {pk::make_str(o.fqn), mb.bytes_meta()}});
-  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::pair<ValuePtr, ValuePtr>> sdm, storage, planner;
-  for (auto& e : entries) sdm.push_back(std::move(e.second));
-  for (const auto& it : items) storage.emplace_back(mb.index(it), mb.info(it, zstd));
-  ValuePtr planner_v = pk::make_none();
+  // Entries in the order of the state dict: (position, tensor?, index).
+  std::vector<std::tuple<std::size_t, bool, std::size_t>> order;
+  for (std::size_t i = 0; i < plan.tensors.size(); ++i) order.emplace_back(plan.tensors[i].position, true, i);
+  for (std::size_t i = 0; i < plan.objects.size(); ++i) order.emplace_back(plan.objects[i].position, false, i);
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  auto fqn_of = [&](std::size_t i) -> const std::string& {
+    const auto& [pos, tensor, k] = order[i];
+    return tensor ? plan.tensors[k].fqn : plan.objects[k].fqn;
+  };
+  // The three dicts with an item per entry or chunk are made batch by batch while .metadata is
+  // written, so a million chunks never stand in memory as a tree at once (pickle::write_streamed).
+  auto batches = [](std::size_t total, auto make) {
+    return [total, make](std::size_t done) {
+      std::vector<std::pair<ValuePtr, ValuePtr>> out;
+      for (std::size_t i = done; i < total && out.size() < 1000; ++i) out.push_back(make(i));
+      return out;
+    };
+  };
+  ValuePtr sdm = pk::make_dict(), storage = pk::make_dict();
+  ValuePtr planner = plan.layout == DcpLayout::kCurrent ? pk::make_dict() : pk::make_none();
+  std::unordered_map<const pk::Value*, pk::DictBatches> streamed;
+  streamed[sdm.get()] = batches(order.size(), [&](std::size_t i) {
+    const auto& [pos, tensor, k] = order[i];
+    return std::make_pair(pk::make_str(fqn_of(i)), tensor ? mb.tensor_meta(plan.tensors[k]) : mb.bytes_meta());
+  });
+  streamed[storage.get()] = batches(items.size(), [&](std::size_t i) { return std::make_pair(mb.index(items[i]), mb.info(items[i], zstd)); });
   if (plan.layout == DcpLayout::kCurrent) {
-    for (const auto& [k, v] : sdm) {
-      auto pd = plan.planner_data.find(*k->str());
-      planner.emplace_back(k, pd != plan.planner_data.end() ? pk::make_tuple(pd->second) : pk::make_tuple({k}));
-    }
-    planner_v = pk::make_dict(std::move(planner));
+    streamed[planner.get()] = batches(order.size(), [&](std::size_t i) {
+      ValuePtr k = pk::make_str(fqn_of(i));
+      auto pd = plan.planner_data.find(fqn_of(i));
+      return std::make_pair(k, pd != plan.planner_data.end() ? pk::make_tuple(pd->second) : pk::make_tuple({k}));
+    });
   }
-  ValuePtr root = mb.metadata(pk::make_dict(std::move(sdm)), planner_v, pk::make_dict(std::move(storage)));
+  ValuePtr root = mb.metadata(sdm, planner, storage);
   test_hooks::crash_point("metadata");
   auto meta = open_file_sink(dir / ".metadata", Overwrite::kYes, dir / ".metadata.tmp");
-  meta->write(pk::write(*root, 4));
+  pk::write_streamed(*root, 4, streamed, [&](std::span<const std::byte> b) { meta->write(b); }, mb.persistent());
   meta->commit();
 }
 

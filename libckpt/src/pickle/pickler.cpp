@@ -12,6 +12,7 @@
 #include <bit>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckpt/error.hpp"
 #include "ckpt/pickle.hpp"
@@ -55,7 +56,16 @@ class Pickler {
     save(root);
     write_op(op::kStop);
     commit_frame();
+    drain();
     return std::move(out_);
+  }
+
+  // write_streamed(): see pickle.hpp.
+  void stream_to(const std::unordered_map<const Value*, DictBatches>& streamed,
+                 const std::function<void(std::span<const std::byte>)>& out, const std::vector<ValuePtr>& persistent) {
+    streamed_ = &streamed;
+    sink_ = &out;
+    for (const auto& p : persistent) persistent_.insert(p.get());
   }
 
  private:
@@ -67,6 +77,15 @@ class Pickler {
     }
     const auto* p = static_cast<const std::byte*>(data);
     out_.insert(out_.end(), p, p + n);
+  }
+  // Hands the bytes before the open frame to the sink (streamed writes only).
+  void drain() {
+    if (!sink_) return;
+    const std::size_t done = frame_start_ >= 0 ? static_cast<std::size_t>(frame_start_) : out_.size();
+    if (done == 0) return;
+    (*sink_)(std::span<const std::byte>(out_.data(), done));
+    out_.erase(out_.begin(), out_.begin() + static_cast<std::ptrdiff_t>(done));
+    if (frame_start_ >= 0) frame_start_ -= static_cast<std::ptrdiff_t>(done);
   }
   void write_op(std::uint8_t code) { write(&code, 1); }
   void write_u8(std::uint8_t v) { write(&v, 1); }
@@ -130,6 +149,7 @@ class Pickler {
   void memoize(const Value* v) {
     const std::uint32_t idx = next_index();
     memo_.emplace(v, idx);
+    if (batch_nodes_ && !persistent_.count(v)) batch_nodes_->push_back(v);
     put(idx);
   }
   void memoize_anonymous() { put(next_index()); }
@@ -316,7 +336,28 @@ class Pickler {
     if (try_get(&v)) return;
     write_op(op::kEmptyDict);
     memoize(&v);
+    if (streamed_) {
+      if (auto it = streamed_->find(&v); it != streamed_->end()) return save_streamed_items(it->second);
+    }
     batch_setitems(d.items);
+  }
+  // A streamed dict's items, batch by batch; each batch's nodes are forgotten by the memo after it.
+  void save_streamed_items(const DictBatches& make) {
+    if (batch_nodes_) throw Error(ErrorKind::kInvalidArgument, "a streamed dict inside another streamed dict's items");
+    std::size_t done = 0;
+    while (true) {
+      std::vector<std::pair<ValuePtr, ValuePtr>> batch = make(done);
+      if (batch.empty()) return;
+      if (batch.size() > kBatchSize) throw Error(ErrorKind::kInvalidArgument, "a streamed dict batch holds more than 1000 items");
+      std::vector<const Value*> made;
+      batch_nodes_ = &made;
+      batch_setitems(batch);
+      batch_nodes_ = nullptr;
+      for (const Value* n : made) memo_.erase(n);
+      done += batch.size();
+      batch.clear();
+      drain();
+    }
   }
   // Below protocol 4, sets are reduced: builtins.set([items]).
   void save_reduced_collection(const Value& v, std::string_view name, const std::vector<ValuePtr>& items) {
@@ -426,12 +467,24 @@ class Pickler {
   std::map<std::pair<std::string, std::string>, std::uint32_t> globals_;
   std::unordered_map<std::string, std::uint32_t> interned_;
   std::optional<std::uint32_t> latin1_index_;
+  const std::unordered_map<const Value*, DictBatches>* streamed_ = nullptr;
+  const std::function<void(std::span<const std::byte>)>* sink_ = nullptr;
+  std::unordered_set<const Value*> persistent_;
+  std::vector<const Value*>* batch_nodes_ = nullptr;  ///< memo entries of the batch being written
 };
 
 }  // namespace
 
 std::vector<std::byte> write(const Value& root, int protocol, const std::function<void(const PersistentId&)>& on_pid) {
   return Pickler(protocol, on_pid).run(root);
+}
+
+void write_streamed(const Value& root, int protocol, const std::unordered_map<const Value*, DictBatches>& streamed,
+                    const std::function<void(std::span<const std::byte>)>& out, const std::vector<ValuePtr>& persistent) {
+  const std::function<void(const PersistentId&)> no_pids;
+  Pickler p(protocol, no_pids);
+  p.stream_to(streamed, out, persistent);
+  p.run(root);
 }
 
 }  // namespace ckpt::pickle
