@@ -217,6 +217,10 @@ Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
 
 ChunkReader::ChunkReader(const Checkpoint& checkpoint, FileAccess access) : checkpoint_(checkpoint), access_(access) {}
 
+namespace {
+constexpr std::uint64_t kSmallItem = 64 * 1024;
+}  // namespace
+
 SourcePtr ChunkReader::file(std::size_t index) const {
   std::lock_guard lock(mutex_);
   if (auto it = open_.find(index); it != open_.end()) return it->second;
@@ -267,6 +271,9 @@ SourcePtr zstd_decode(const SourcePtr& in, std::uint64_t max_decoded) {
 SourcePtr ChunkReader::item(const ChunkLocation& loc, std::uint64_t max_decoded) const {
   SourcePtr f = file(loc.file);
   SourcePtr s = sub_source(f, loc.offset, loc.length, "item at " + std::to_string(loc.offset));
+  if (access_ == FileAccess::kReadSmallItemsWhole && loc.transforms.empty() && loc.length <= kSmallItem) {
+    s = memory_source(s->read_vector(0, s->size()), s->name());  // same name and offsets as the window
+  }
   if (loc.transforms.size() > 1) {
     throw Error(ErrorKind::kUnsupported, s->name(), 0,
                 std::to_string(loc.transforms.size()) + " stacked transforms; at most one is supported (spec/FORMATS.md §3.5)");

@@ -8,6 +8,9 @@
 //   ckpt_probe write-sample OUT           a torch.save file built with TorchSaveBuilder (see sample.hpp)
 //   ckpt_probe write-safetensors-sample OUT
 //   ckpt_probe write-dcp DIR WORLD LAYOUT COMPRESSION   a DCP sample with write_dcp (see sample.hpp)
+//   ckpt_probe write-load DIR WORLD N COLS ROWS   a DCP of N float32 tensors [WORLD*ROWS, COLS], rank r
+//                                         holding rows [r*ROWS, (r+1)*ROWS); the values are made as
+//                                         they are written (no tensor is ever in memory), for load tests
 //   ckpt_probe dump-checkpoint PATH       JSON: every tensor assembled from its chunks (hex, C order), every object's repr
 #include <cstdio>
 #include <cstring>
@@ -16,6 +19,7 @@
 #include <string>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
 #include "ckpt/pickle.hpp"
@@ -171,6 +175,49 @@ int resave(const std::string& in, const std::string& out, const std::string& lay
   return 0;
 }
 
+// float32 elements made from their index: element e of tensor t is ((e * 2654435761 + t) mod 1000003) / 1024.
+class PatternSource final : public ckpt::ByteSource {
+ public:
+  PatternSource(std::uint64_t tensor, std::uint64_t first, std::uint64_t count)
+      : name_("pattern " + std::to_string(tensor)), tensor_(tensor), first_(first), size_(count * 4) {}
+  const std::string& name() const noexcept override { return name_; }
+  std::uint64_t size() const noexcept override { return size_; }
+  void read_at(std::uint64_t offset, std::span<std::byte> out) const override {
+    check_range(offset, out.size(), "read");
+    for (std::size_t i = 0; i < out.size();) {
+      const std::uint64_t at = offset + i, e = first_ + at / 4;
+      const auto v = static_cast<float>((e * 2654435761u + tensor_) % 1000003u) / 1024.0f;
+      std::byte b[4];
+      std::memcpy(b, &v, 4);
+      for (std::uint64_t k = at % 4; k < 4 && i < out.size(); ++k) out[i++] = b[k];
+    }
+  }
+
+ private:
+  std::string name_;
+  std::uint64_t tensor_, first_, size_;
+};
+
+int write_load(const std::string& dir, int world, std::int64_t n, std::int64_t cols, std::int64_t rows) {
+  std::vector<ckpt::DcpWriteTensor> tensors;
+  tensors.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t t = 0; t < n; ++t) {
+    ckpt::DcpWriteTensor w{"model.layers." + std::to_string(t / 10) + ".w" + std::to_string(t % 10), ckpt::DType::kFloat32,
+                           {world * rows, cols}, {}, false};
+    for (int r = 0; r < world; ++r) {
+      const auto first = static_cast<std::uint64_t>(r * rows * cols);
+      w.chunks.push_back({r, {r * rows, 0}, {rows, cols},
+                          std::make_shared<PatternSource>(static_cast<std::uint64_t>(t), first, static_cast<std::uint64_t>(rows * cols))});
+    }
+    tensors.push_back(std::move(w));
+  }
+  ckpt::DcpWriteOptions o;
+  o.world_size = world;
+  o.overwrite = ckpt::Overwrite::kYes;
+  ckpt::write_dcp(dir, tensors, {}, o);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,6 +229,9 @@ int main(int argc, char** argv) {
     if (cmd == "write-dcp" && argc == 6) {
       fsdp_test::write_sample_dcp(argv[2], std::stoi(argv[3]), argv[4], argv[5]);
       return 0;
+    }
+    if (cmd == "write-load" && argc == 7) {
+      return write_load(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), std::stoll(argv[5]), std::stoll(argv[6]));
     }
     if (cmd == "repickle" && argc == 5) return repickle(argv[2], argv[3], std::stoi(argv[4]));
     if (cmd == "resave" && argc == 6) return resave(argv[2], argv[3], argv[4], argv[5]);

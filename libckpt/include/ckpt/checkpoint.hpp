@@ -123,9 +123,11 @@ struct ChunkData {
   std::int64_t storage_offset = 0;    ///< first element
 };
 
-/// How ChunkReader opens files: mapped (fast random reads; pages read count toward RSS) or with
-/// pread (the copy engine: memory bounded by its buffers).
-enum class FileAccess { kMap, kRead };
+/// How ChunkReader opens files: mapped (fast random reads; pages read count toward RSS), with
+/// pread (the copy engine: memory bounded by its buffers), or with pread where each DCP item of up
+/// to 64 KiB is read whole at once (one read instead of one per zip record; for callers that read
+/// an item and let it go: verify, diff, stats).
+enum class FileAccess { kMap, kRead, kReadSmallItemsWhole };
 
 /// The most bytes a DCP bytes item may decode to (a zstd frame that expands past it is refused):
 /// far more than any optimizer's param_groups or RNG state, far less than the machine's memory.

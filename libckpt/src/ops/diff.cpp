@@ -65,7 +65,7 @@ struct Row {
 
 bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
   const Checkpoint a = open_checkpoint(options.a), b = open_checkpoint(options.b);
-  const ChunkReader ra(a), rb(b);
+  const ChunkReader ra(a, FileAccess::kReadSmallItemsWhole), rb(b, FileAccess::kReadSmallItemsWhole);
   std::map<std::string, const TensorEntry*> ta, tb;
   for (const auto& t : a.tensors) ta[t.name] = &t;
   for (const auto& t : b.tensors) tb[t.name] = &t;

@@ -67,7 +67,7 @@ nlohmann::ordered_json jnum(double x) { return std::isfinite(x) ? nlohmann::orde
 
 void stats(const StatsOptions& options, std::ostream& out, Progress& progress) {
   const Checkpoint c = open_checkpoint(options.path);
-  const ChunkReader reader(c);
+  const ChunkReader reader(c, FileAccess::kReadSmallItemsWhole);
   std::vector<TensorStats> results;
   std::uint64_t total = 0;
   for (const auto& t : c.tensors) {

@@ -29,7 +29,7 @@ Problem problem_of(const Error& e, const std::string& fallback) {
 
 class Verifier {
  public:
-  Verifier(const Checkpoint& c, VerifyDepth depth, Progress& progress) : c_(c), reader_(c), depth_(depth), progress_(progress) {}
+  Verifier(const Checkpoint& c, VerifyDepth depth, Progress& progress) : c_(c), reader_(c, FileAccess::kReadSmallItemsWhole), depth_(depth), progress_(progress) {}
 
   void run() {
     for (const auto& f : c_.files) {

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Load tests (issue: prove it under load): a DCP of 100,000 small tensors is inspected, verified,
+merged to safetensors and to .pt, and resharded, each result compared with its source by
+`fsdp-ckpt-inspect diff`; `.metadata` with 1,000,000 chunks is inspected and verified. Every run's
+wall time and peak RSS are printed. Memory is held to a bound that grows with the index only:
+64 MiB plus 8 KiB per tensor or 1 KiB per chunk; a cost that grows faster (a tree of the whole
+.metadata, a quadratic lookup) fails it. The 4 GiB single-tensor case is in bench/load (disk)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+p = argparse.ArgumentParser()
+p.add_argument("--probe", required=True)
+p.add_argument("--inspect", required=True)
+p.add_argument("--merge", required=True)
+p.add_argument("--shard", required=True)
+p.add_argument("--tensors", type=int, default=100_000)
+p.add_argument("--chunk-tensors", type=int, default=125_000, help="x 8 ranks = chunks of the big .metadata")
+a = p.parse_args()
+
+MIB = 1 << 20
+failures = []
+
+
+def run(name, cmd, bound_bytes=None, expect=0, stdout=subprocess.DEVNULL):
+    """Runs cmd, returns its stdout (when captured); records wall time and peak RSS."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    out = proc.stdout.read() if stdout == subprocess.PIPE else None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t
+    rss = usage.ru_maxrss * 1024
+    line = f"{name:<42} {wall:7.2f} s  peak RSS {rss / MIB:8.1f} MiB"
+    if bound_bytes is not None:
+        line += f"  (bound {bound_bytes / MIB:.0f} MiB)"
+    print(line, flush=True)
+    if proc.returncode != expect:
+        failures.append(f"{name}: exit {proc.returncode}, expected {expect}: {err.strip()[-2000:]}")
+    elif bound_bytes is not None and rss > bound_bytes:
+        failures.append(f"{name}: peak RSS {rss / MIB:.1f} MiB is over {bound_bytes / MIB:.0f} MiB")
+    return out
+
+
+def equal(name, x, y, bound, n):
+    out = run(f"diff {name}", [a.inspect, "diff", x, y], bound, stdout=subprocess.PIPE)
+    if out is not None and not out.startswith(f"equal: {n} entries compared, 0 differ"):
+        failures.append(f"diff {name}: {out[-500:]}")
+
+
+with tempfile.TemporaryDirectory(prefix="fsdp-load-") as work:
+    n = a.tensors
+    bound = 64 * MIB + 8 * 1024 * n
+    many = os.path.join(work, "many")
+    run(f"write {n} tensors x 2 ranks", [a.probe, "write-load", many, "2", str(n), "4", "2"], bound)
+    out = run("inspect --json", [a.inspect, many, "--json"], bound, stdout=subprocess.PIPE)
+    if out is not None:
+        entries = json.loads(out)["entries"]
+        if len(entries) != n or any(len(e["chunks"]) != 2 for e in entries):
+            failures.append(f"inspect --json: {len(entries)} entries, expected {n} of 2 chunks each")
+    run("verify --deep", [a.inspect, "verify", "--deep", many], bound)
+    st = os.path.join(work, "many.safetensors")
+    run("merge -> safetensors", [a.merge, many, "-o", st], bound)
+    equal("safetensors", many, st, bound, n)
+    pt = os.path.join(work, "many.pt")
+    run("merge -> .pt", [a.merge, many, "-o", pt], bound)
+    equal(".pt", many, pt, bound, n)
+    os.remove(st)
+    os.remove(pt)
+    three = os.path.join(work, "three")
+    run("shard -> 3 ranks", [a.shard, many, "-o", three, "-n", "3"], bound)
+    run("verify --deep (3 ranks)", [a.inspect, "verify", "--deep", three], bound)
+    equal("resharded", many, three, bound, n)
+
+    chunks = 8 * a.chunk_tensors
+    cbound = 64 * MIB + 1024 * chunks
+    big = os.path.join(work, "chunks")
+    run(f"write {a.chunk_tensors} tensors x 8 ranks", [a.probe, "write-load", big, "8", str(a.chunk_tensors), "1", "1"], cbound)
+    size = os.path.getsize(os.path.join(big, ".metadata"))
+    print(f"  .metadata of {chunks} chunks: {size / MIB:.1f} MiB", flush=True)
+    run(f"inspect ({chunks} chunks)", [a.inspect, big], cbound)
+    run(f"verify ({chunks} chunks)", [a.inspect, "verify", big], cbound)
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("load: every run succeeded within its memory bound")
