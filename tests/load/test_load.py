@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Load tests (issue: prove it under load): a DCP of 100,000 small tensors is inspected, verified,
-merged to safetensors and to .pt, and resharded, each result compared with its source by
+merged to safetensors, .pt and HDF5, and resharded, each result compared with its source by
 `fsdp-ckpt-inspect diff`; `.metadata` with 1,000,000 chunks is inspected and verified. Every run's
 wall time and peak RSS are printed. Memory is held to a bound that grows with the index only:
 64 MiB plus 8 KiB per tensor or 1 KiB per chunk; a cost that grows faster (a tree of the whole
@@ -19,6 +19,7 @@ p.add_argument("--probe", required=True)
 p.add_argument("--inspect", required=True)
 p.add_argument("--merge", required=True)
 p.add_argument("--shard", required=True)
+p.add_argument("--hdf5", action="store_true", help="also merge to HDF5 (builds with FSDP_WITH_HDF5)")
 p.add_argument("--tensors", type=int, default=100_000)
 p.add_argument("--chunk-tensors", type=int, default=125_000, help="x 8 ranks = chunks of the big .metadata")
 a = p.parse_args()
@@ -73,6 +74,11 @@ with tempfile.TemporaryDirectory(prefix="fsdp-load-") as work:
     equal(".pt", many, pt, bound, n)
     os.remove(st)
     os.remove(pt)
+    if a.hdf5:
+        h5 = os.path.join(work, "many.h5")
+        run("merge -> HDF5", [a.merge, many, "-o", h5], bound)
+        equal("HDF5", many, h5, bound, n)
+        os.remove(h5)
     three = os.path.join(work, "three")
     run("shard -> 3 ranks", [a.shard, many, "-o", three, "-n", "3"], bound)
     run("verify --deep (3 ranks)", [a.inspect, "verify", "--deep", three], bound)

@@ -20,8 +20,11 @@
 
 namespace ckpt {
 
-/// Whether this build has HDF5 support.
+/// Whether HDF5 can be used: the build has it and its module (libckpt_hdf5.so, which links
+/// libhdf5) loads. Loaded on the first call of any function here, never at start-up.
 bool hdf5_available() noexcept;
+/// Why hdf5_available() is false (empty when it is true).
+std::string hdf5_unavailable_reason();
 
 struct Hdf5Dataset {
   std::vector<std::string> path;  ///< groups, then the dataset's name (unescaped)

@@ -117,7 +117,7 @@ class Merger {
   MergeResult run(bool dry_run) {
     detail::refuse_output_over_input(c_.root, output_);
     if (o_.format == MergeFormat::kHdf5 && !hdf5_available()) {
-      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "this build has no HDF5 support (FSDP_WITH_HDF5=OFF)");
+      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "HDF5 is not available: " + hdf5_unavailable_reason());
     }
     collect();
     if (o_.format == MergeFormat::kTorch) return torch(dry_run);
@@ -477,10 +477,12 @@ class Merger {
     const std::vector<std::uint64_t> offsets = create_hdf5_layout(
         sink->temp_path(), datasets,
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
+    // One CRC group per dataset (HDF5 keeps no CRC): libhdf5 puts its own records between
+    // datasets once there are many, so the datasets together do not tile one range.
     for (std::size_t i = 0; i < leaves.size(); ++i) {
-      detail::add_box_tasks(tasks_, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], 0, task_bytes_);
+      detail::add_box_tasks(tasks_, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], i, task_bytes_);
     }
-    run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress, o_.task_delay_ms});
+    run_copy(*sink, std::move(tasks_), leaves.size(), {o_.threads, o_.progress, o_.task_delay_ms});
     sink->commit();
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);
