@@ -148,46 +148,75 @@ ordered_json chunk_json(const Checkpoint& c, const Chunk& ch) {
   return x;
 }
 
+// One JSON object, written as it goes: the entries are made and written one at a time, so a
+// million chunks never stand in memory as a JSON tree (the bytes are what one dump of the whole
+// object would give).
 void print_json(const Checkpoint& c, const InspectOptions& opt, std::ostream& out, const ChunkReader& reader) {
-  ordered_json j;
-  j["schema"] = 1;
-  j["format"] = std::string(to_string(c.format));
-  j["writer"] = c.writer;
-  j["world_size"] = c.world_size ? ordered_json(*c.world_size) : ordered_json(nullptr);
-  j["files"] = ordered_json::array();
-  for (const auto& f : c.files) j["files"].push_back({{"path", f.relative}, {"size", f.size ? ordered_json(*f.size) : ordered_json(nullptr)}});
-  std::vector<std::pair<std::string, ordered_json>> entries;
-  for (auto* t : sorted_tensors(c, opt.tensor_glob)) {
-    ordered_json x{{"name", t->name}, {"kind", "tensor"}, {"dtype", std::string(name(t->dtype))}, {"shape", t->shape},
-                   {"nbytes", t->nbytes()}};
-    x["chunks"] = ordered_json::array();
-    for (const auto& ch : t->chunks) x["chunks"].push_back(chunk_json(c, ch));
-    entries.emplace_back(t->name, std::move(x));
-  }
-  for (auto* o : sorted_objects(c, opt.tensor_glob)) {
-    ordered_json x{{"name", o->name}, {"kind", o->item ? "bytes" : "object"}};
-    if (o->item) {
-      x["chunks"] = ordered_json::array({{{"offsets", ordered_json::array()}, {"sizes", ordered_json::array()},
-                                          {"file", c.files[o->item->file].relative}, {"offset", o->item->offset},
-                                          {"length", o->item->length}}});
+  auto dump = [&](const ordered_json& v) { out << v.dump(-1, ' ', false, ordered_json::error_handler_t::replace); };
+  bool first = true;
+  auto key = [&](const char* k) {
+    out << (first ? "{" : ",");
+    first = false;
+    dump(ordered_json(k));
+    out << ":";
+  };
+  key("schema");
+  dump(1);
+  key("format");
+  dump(std::string(to_string(c.format)));
+  key("writer");
+  dump(c.writer);
+  key("world_size");
+  dump(c.world_size ? ordered_json(*c.world_size) : ordered_json(nullptr));
+  ordered_json files = ordered_json::array();
+  for (const auto& f : c.files) files.push_back({{"path", f.relative}, {"size", f.size ? ordered_json(*f.size) : ordered_json(nullptr)}});
+  key("files");
+  dump(files);
+  // Tensors and objects by name (stable: tensors first among equal names), as one list.
+  std::vector<std::pair<const TensorEntry*, const ObjectEntry*>> entries;
+  for (auto* t : sorted_tensors(c, opt.tensor_glob)) entries.emplace_back(t, nullptr);
+  for (auto* o : sorted_objects(c, opt.tensor_glob)) entries.emplace_back(nullptr, o);
+  auto name_of = [](const auto& e) -> const std::string& { return e.first ? e.first->name : e.second->name; };
+  std::stable_sort(entries.begin(), entries.end(), [&](const auto& a, const auto& b) { return name_of(a) < name_of(b); });
+  key("entries");
+  out << "[";
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    ordered_json x;
+    if (const TensorEntry* t = entries[i].first) {
+      x = ordered_json{{"name", t->name}, {"kind", "tensor"}, {"dtype", std::string(name(t->dtype))}, {"shape", t->shape},
+                       {"nbytes", t->nbytes()}};
+      x["chunks"] = ordered_json::array();
+      for (const auto& ch : t->chunks) x["chunks"].push_back(chunk_json(c, ch));
+    } else {
+      const ObjectEntry* o = entries[i].second;
+      x = ordered_json{{"name", o->name}, {"kind", o->item ? "bytes" : "object"}};
+      if (o->item) {
+        x["chunks"] = ordered_json::array({{{"offsets", ordered_json::array()}, {"sizes", ordered_json::array()},
+                                            {"file", c.files[o->item->file].relative}, {"offset", o->item->offset},
+                                            {"length", o->item->length}}});
+      }
+      if (opt.meta || o->value) {
+        auto v = opt.meta ? reader.object_value(*o) : o->value;
+        x["value"] = v ? pickle::repr(*v, 4096) : std::string();
+      }
     }
-    if (opt.meta || o->value) {
-      auto v = opt.meta ? reader.object_value(*o) : o->value;
-      x["value"] = v ? pickle::repr(*v, 4096) : std::string();
-    }
-    entries.emplace_back(o->name, std::move(x));
+    if (i) out << ",";
+    dump(x);
   }
-  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  j["entries"] = ordered_json::array();
-  for (auto& [n, x] : entries) j["entries"].push_back(std::move(x));
-  j["metadata"] = ordered_json::object();
-  for (const auto& [k, v] : c.metadata) j["metadata"][k] = v;
-  j["notes"] = c.notes;
+  out << "]";
+  ordered_json metadata = ordered_json::object();
+  for (const auto& [k, v] : c.metadata) metadata[k] = v;
+  key("metadata");
+  dump(metadata);
+  key("notes");
+  dump(ordered_json(c.notes));
   if (opt.meta) {
-    j["meta"] = ordered_json::object();
-    for (const auto& [n, tree] : c.meta_trees) j["meta"][n] = pickle::repr(*tree, 1u << 20);
+    ordered_json meta = ordered_json::object();
+    for (const auto& [n, tree] : c.meta_trees) meta[n] = pickle::repr(*tree, 1u << 20);
+    key("meta");
+    dump(meta);
   }
-  out << j.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << "\n";
+  out << "}\n";
 }
 
 }  // namespace
