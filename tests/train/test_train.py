@@ -9,7 +9,7 @@
   SHARD_GRAD_OP);
 - 20 steps straight equal 10 steps plus a resume for 10 more, at 2 ranks, and at 1 and 4;
 - launching by --nproc and by environment variables, a killed rank, SIGTERM, `latest` skipping an
-  incomplete checkpoint, bad data."""
+  incomplete or damaged checkpoint, SIGKILL at every step of a save, bad data."""
 import argparse
 import json
 import os
@@ -360,6 +360,45 @@ def bad_data():
     assert v.returncode == 0, v.stdout + v.stderr
 
 
+def crash_mid_save():
+    """SIGKILL at each step of a save's commit protocol (FSDP_TEST_CRASH_AT): the previous
+    checkpoint is untouched, the new one is either incomplete (no .metadata) or whole, `latest`
+    resumes from a sound one, and the rerun leaves a whole checkpoint and no temporary files."""
+    import hashlib
+
+    def tree(path):
+        return sorted((f, hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()) for f in os.listdir(path))
+
+    def sound(path):
+        return subprocess.run([a.inspect, "verify", "--deep", path], capture_output=True, text=True).returncode == 0
+
+    d = os.path.join(work, "crash")
+    train("--steps", "2", "--batch-size", "4", "--ckpt-dir", d)
+    prev, new = os.path.join(d, "step-00000002"), os.path.join(d, "step-00000004")
+    before = tree(prev)
+    # One rank: a data file, meta.pt and .metadata are each written to a temporary name and renamed.
+    cases = [(None, p) for p in ["task:1", "task:40", "rename:1", "renamed:1", "rename:2", "renamed:2", "metadata:1",
+                                 "rename:3", "renamed:3"]]
+    cases += [(2, "task:10"), (2, "metadata:1")]  # two ranks: both die there, the launcher reports it
+    for nproc, point in cases:
+        args = ["--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest"]
+        cmd = [a.train, *BASE, "--data", a.text, *args] + (["--nproc", str(nproc)] if nproc else [])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, FSDP_TEST_CRASH_AT=point))
+        assert r.returncode != 0, f"{point}: the crash point was never reached\n{r.stdout}"
+        assert tree(prev) == before, f"{point}: the previous checkpoint changed"
+        whole = os.path.exists(os.path.join(new, ".metadata"))  # the crash came after the commit
+        if whole:
+            assert sound(new), f"{point}: a checkpoint with .metadata that does not verify"
+        loud = [a.train, *BASE[:-1], "--data", a.text, *args] + (["--nproc", str(nproc)] if nproc else [])  # without -q
+        r = subprocess.run(loud, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (point, r.stderr)
+        assert "resumed from " + (new if whole else prev) in r.stdout, (point, r.stdout)
+        assert sound(new), f"{point}: the rerun's checkpoint does not verify"
+        left = [f for f in os.listdir(new) if ".tmp." in f or ".old." in f]
+        assert not left, f"{point}: temporary files left: {left}"
+        shutil.rmtree(new)
+
+
 def help_matches_man():
     import re
     page = os.path.join(os.path.dirname(__file__), "..", "..", "man", "fsdp-train.1")
@@ -385,5 +424,6 @@ check("killed_rank", killed_rank)
 check("sigterm_saves", sigterm_saves)
 check("env_launch", env_launch)
 check("latest_skips_incomplete", latest_skips_incomplete)
+check("crash_mid_save", crash_mid_save)
 check("bad_data", bad_data)
 finish()

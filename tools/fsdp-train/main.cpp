@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
       }
       return fsdp_train::launch_local(config.nproc, argc, argv);
     }
+    fsdp_tools::test_hooks_from_environment();  // tests only: FSDP_TEST_CRASH_AT kills a rank mid-save
     return fsdp_train::run_rank(config, env);
   });
 }
