@@ -4,9 +4,10 @@
 #include "ckpt/hdf5.hpp"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
-#include <mutex>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "ckpt/error.hpp"
 #include "formats/hdf5_api.hpp"

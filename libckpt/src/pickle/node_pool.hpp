@@ -6,7 +6,9 @@
 // ordinary allocation, so that use-after-free is still caught.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <utility>
 #include <memory>
 #include <new>
 
@@ -61,29 +63,24 @@ class BlockPool {
 };
 
 // Sizes are rounded up to classes of 16 bytes up to 256; larger ones use the global heap.
+inline constexpr std::size_t kClasses = 16;
+template <std::size_t... I>
+constexpr auto make_table(std::index_sequence<I...>) {
+  struct Entry {
+    void* (*get)();
+    void (*put)(void*) noexcept;
+  };
+  return std::array<Entry, sizeof...(I)>{Entry{&BlockPool<16 * (I + 1)>::get, &BlockPool<16 * (I + 1)>::put}...};
+}
+inline constexpr auto kTable = make_table(std::make_index_sequence<kClasses>{});
+
 inline void* get(std::size_t size) {
-  if (size > 256) return ::operator new(size);
-  switch ((size + 15) / 16) {
-#define CKPT_POOL_CLASS(n) \
-  case n: return BlockPool<16 * n>::get();
-    CKPT_POOL_CLASS(1) CKPT_POOL_CLASS(2) CKPT_POOL_CLASS(3) CKPT_POOL_CLASS(4) CKPT_POOL_CLASS(5) CKPT_POOL_CLASS(6)
-    CKPT_POOL_CLASS(7) CKPT_POOL_CLASS(8) CKPT_POOL_CLASS(9) CKPT_POOL_CLASS(10) CKPT_POOL_CLASS(11) CKPT_POOL_CLASS(12)
-    CKPT_POOL_CLASS(13) CKPT_POOL_CLASS(14) CKPT_POOL_CLASS(15) CKPT_POOL_CLASS(16)
-#undef CKPT_POOL_CLASS
-    default: return ::operator new(size);
-  }
+  if (size == 0 || size > 16 * kClasses) return ::operator new(size);
+  return kTable[(size + 15) / 16 - 1].get();
 }
 inline void put(void* p, std::size_t size) noexcept {
-  if (size > 256) return ::operator delete(p);
-  switch ((size + 15) / 16) {
-#define CKPT_POOL_CLASS(n) \
-  case n: return BlockPool<16 * n>::put(p);
-    CKPT_POOL_CLASS(1) CKPT_POOL_CLASS(2) CKPT_POOL_CLASS(3) CKPT_POOL_CLASS(4) CKPT_POOL_CLASS(5) CKPT_POOL_CLASS(6)
-    CKPT_POOL_CLASS(7) CKPT_POOL_CLASS(8) CKPT_POOL_CLASS(9) CKPT_POOL_CLASS(10) CKPT_POOL_CLASS(11) CKPT_POOL_CLASS(12)
-    CKPT_POOL_CLASS(13) CKPT_POOL_CLASS(14) CKPT_POOL_CLASS(15) CKPT_POOL_CLASS(16)
-#undef CKPT_POOL_CLASS
-    default: return ::operator delete(p);
-  }
+  if (size == 0 || size > 16 * kClasses) return ::operator delete(p);
+  kTable[(size + 15) / 16 - 1].put(p);
 }
 #endif
 
