@@ -139,9 +139,9 @@ class MetadataBuilder {
     if (zstd) f.emplace_back("transform_descriptors", pk::make_list({pk::make_str("stream.zstd/1")}));
     return dataclass(info_, std::move(f));
   }
-  /// The nodes every entry shares: field names and classes.
+  /// The nodes every entry shares: the field names (classes are memoized by name anyway).
   std::vector<ValuePtr> persistent() const {
-    std::vector<ValuePtr> out{metadata_, tsm_, csm_, bsm_, index_, storage_meta_, props_, memfmt_, info_, size_, get_layout_};
+    std::vector<ValuePtr> out;
     for (const auto& [k, v] : fields_) out.push_back(v);
     return out;
   }
