@@ -3,6 +3,7 @@
 #include "c10d_compat.hpp"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
@@ -21,8 +22,10 @@ struct C10dGroup {
 #if FSDP_HAS_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
 #endif
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  ///< kept for subgroups
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
+  std::string who;  ///< this process in errors: "rank 1 of 4", "rank 3 of 4 (shard group 1, rank 1 of 2)"
 };
 
 namespace {
@@ -59,11 +62,10 @@ void guarded(const C10dGroup& g, std::string_view op, F&& f) {
   try {
     f();
   } catch (const c10::Error& e) {
-    throw Error("rank " + std::to_string(g.rank) + " of " + std::to_string(g.size) + ": " + std::string(op) +
-                " failed: " + first_line(e.what_without_backtrace()) + " (another rank died, stopped or is more than " +
+    throw Error(g.who + ": " + std::string(op) + " failed: " + first_line(e.what_without_backtrace()) + " (another rank died, stopped or is more than " +
                 seconds(g.timeout) + " late)");
   } catch (const std::exception& e) {
-    throw Error("rank " + std::to_string(g.rank) + " of " + std::to_string(g.size) + ": " + std::string(op) + " failed: " + e.what());
+    throw Error(g.who + ": " + std::string(op) + " failed: " + e.what());
   }
 }
 
@@ -103,6 +105,7 @@ GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milli
   g->size = where.world_size;
   g->timeout = timeout;
   const std::string who = "rank " + std::to_string(where.rank) + " of " + std::to_string(where.world_size);
+  g->who = who;
   try {
     if (!where.file_store.empty()) {
       g->store = c10::make_intrusive<c10d::FileStore>(where.file_store, where.world_size);
@@ -136,6 +139,7 @@ GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milli
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
     g->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(g->store, where.rank, where.world_size, opts);
+    g->gloo_options = opts;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -143,6 +147,31 @@ GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milli
                                                      : "the file store " + where.file_store;
     throw Error(who + ": the " + std::to_string(where.world_size) + " processes did not all meet through " + how + " within " +
                 seconds(timeout) + ": " + first_line(e.what()));
+  }
+  return GroupPtr(g.release(), destroy);
+}
+
+GroupPtr make_subgroup(const C10dGroup& parent, const std::string& name, int rank, int size, const std::string& who) {
+  auto g = std::make_unique<C10dGroup>();
+  g->rank = rank;
+  g->size = size;
+  g->timeout = parent.timeout;
+  g->who = who;
+  try {
+    g->store = c10::make_intrusive<c10d::PrefixStore>(name, parent.store);
+#if FSDP_HAS_NCCL
+    if (parent.nccl) {
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = parent.timeout;
+      g->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(g->store, rank, size, opts);
+      return GroupPtr(g.release(), destroy);
+    }
+#endif
+    g->gloo_options = parent.gloo_options;
+    g->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(g->store, rank, size, parent.gloo_options);
+  } catch (const std::exception& e) {
+    throw Error(who + ": the " + std::to_string(size) + " processes of " + name + " did not all meet within " + seconds(parent.timeout) +
+                ": " + first_line(e.what()));
   }
   return GroupPtr(g.release(), destroy);
 }

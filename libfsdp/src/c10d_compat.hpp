@@ -24,6 +24,10 @@ using GroupPtr = std::unique_ptr<C10dGroup, void (*)(C10dGroup*)>;
 
 /// Meets the other processes and makes the backend's group. Throws fsdp::Error.
 GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milliseconds timeout);
+/// A group of some of `parent`'s ranks, met through `parent`'s store under `name` (a PrefixStore,
+/// as torch's new_group): only its members call this, each with its rank in it. `who` names this
+/// process in errors.
+GroupPtr make_subgroup(const C10dGroup& parent, const std::string& name, int rank, int size, const std::string& who);
 
 void barrier(C10dGroup& g);
 void broadcast(C10dGroup& g, at::Tensor& t, int root);

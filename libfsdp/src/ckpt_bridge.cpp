@@ -53,22 +53,23 @@ ckpt::SourcePtr bytes_of(const torch::Tensor& t) {
 }
 
 /// One tensor of the state dict, full on every rank, written as FSDP writes it: chunked on dim 0
-/// (torch.chunk), rank r writing piece r; a 0-d tensor once, by rank 0.
-ckpt::DcpWriteTensor chunked(const std::string& fqn, const torch::Tensor& t, int rank, int world) {
+/// (torch.chunk) into `n_pieces`, piece r in rank r's file and given bytes by the rank whose `piece`
+/// it is (-1: none); a 0-d tensor once, by piece 0.
+ckpt::DcpWriteTensor chunked(const std::string& fqn, const torch::Tensor& t, int piece, int n_pieces) {
   ckpt::DcpWriteTensor w;
   w.fqn = fqn;
   w.dtype = to_ckpt(t.scalar_type());
   w.shape = t.sizes().vec();
   if (w.shape.empty()) {
-    w.chunks.push_back({0, {}, {}, rank == 0 ? bytes_of(t) : nullptr});
+    w.chunks.push_back({0, {}, {}, piece == 0 ? bytes_of(t) : nullptr});
     return w;
   }
-  const auto pieces = ckpt::chunk_pieces(w.shape[0], world);
+  const auto pieces = ckpt::chunk_pieces(w.shape[0], n_pieces);
   for (std::size_t r = 0; r < pieces.size(); ++r) {
     std::vector<std::int64_t> offsets(w.shape.size(), 0), sizes = w.shape;
     offsets[0] = pieces[r].first;
     sizes[0] = pieces[r].second;
-    const bool mine = static_cast<int>(r) == rank;
+    const bool mine = static_cast<int>(r) == piece;
     w.chunks.push_back({static_cast<int>(r), offsets, sizes, mine ? bytes_of(t.narrow(0, pieces[r].first, pieces[r].second)) : nullptr});
   }
   return w;
@@ -156,6 +157,10 @@ void for_each_param_state(FullyShardedSequential& model, ShardedOptimizer& optim
 
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
   const int rank = group.rank(), world = group.size();
+  // Each tensor in as many dim-0 pieces as a unit has shards; under HYBRID_SHARD the replicas
+  // hold the same pieces and the first one writes them (as DCP writes a replicated item once).
+  const int pieces = model.strategy() == ShardingStrategy::kHybridShard ? model.shard_group().size() : world;
+  const int piece = rank < pieces ? rank : -1;
   std::vector<ckpt::DcpWriteTensor> tensors;
   std::vector<ckpt::DcpWriteObject> objects;
   ckpt::DcpWriteOptions options;
@@ -164,7 +169,7 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   torch::NoGradGuard no_grad;
   std::vector<std::string> fqns;
   for (const auto& [name, t] : model.full_state_dict()) {  // a collective
-    tensors.push_back(chunked(o.model_key + "." + name, t, rank, world));
+    tensors.push_back(chunked(o.model_key + "." + name, t, piece, pieces));
     options.planner_data[tensors.back().fqn] = path_of({o.model_key, name});
     fqns.push_back(name);
   }
@@ -173,7 +178,7 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
     for_each_param_state(model, *o.optimizer, [&](const std::string& p, const auto& state) {
       for (const auto& [b, t] : state) {
         const std::string fqn = key + ".state." + p + "." + b;
-        tensors.push_back(chunked(fqn, t, rank, world));
+        tensors.push_back(chunked(fqn, t, piece, pieces));
         options.planner_data[fqn] = path_of({key, "state", p, b});
       }
     });

@@ -50,6 +50,7 @@ std::string_view to_string(ShardingStrategy s) noexcept {
     case ShardingStrategy::kFullShard: return "FULL_SHARD";
     case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
     case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
   }
   return "FULL_SHARD";
 }
@@ -58,14 +59,19 @@ ShardingStrategy sharding_strategy_from_string(std::string_view name) {
   if (name == "FULL_SHARD") return ShardingStrategy::kFullShard;
   if (name == "SHARD_GRAD_OP") return ShardingStrategy::kShardGradOp;
   if (name == "NO_SHARD") return ShardingStrategy::kNoShard;
-  throw Error("unknown sharding strategy '" + std::string(name) + "' (FULL_SHARD, SHARD_GRAD_OP or NO_SHARD)");
+  if (name == "HYBRID_SHARD") return ShardingStrategy::kHybridShard;
+  throw Error("unknown sharding strategy '" + std::string(name) + "' (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD)");
 }
 
-FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy)
-    : FlatUnit(std::vector<std::pair<std::string, torch::nn::Module*>>{{std::move(prefix), &module}}, group, strategy) {}
+FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy, ProcessGroup* replicate)
+    : FlatUnit(std::vector<std::pair<std::string, torch::nn::Module*>>{{std::move(prefix), &module}}, group, strategy, replicate) {}
 
-FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy)
-    : group_(group), strategy_(strategy) {
+FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy,
+                   ProcessGroup* replicate)
+    : group_(group), replicate_(replicate), strategy_(strategy) {
+  if ((strategy == ShardingStrategy::kHybridShard) != (replicate != nullptr)) {
+    throw Error("HYBRID_SHARD, and only it, takes a replicate group (a DeviceMesh)");
+  }
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> flat;
   const std::string name = members.empty() ? std::string() : members.front().first;
@@ -86,6 +92,7 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   torch::Tensor full = torch::zeros({padded_}, torch::TensorOptions().dtype(*dtype));
   full.narrow(0, 0, total_).copy_(torch::cat(flat));
   group_.broadcast(full, 0);  // every rank starts from rank 0's values
+  if (replicate_) replicate_->broadcast(full, 0);
   const std::int64_t n = padded_ / world;
   const std::int64_t rank = strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank();
   shard_ = full.narrow(0, rank * n, n).clone().set_requires_grad(true);
@@ -132,6 +139,10 @@ void FlatUnit::add_grad(const torch::Tensor& slice) {
   else shard_.mutable_grad() = slice.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
+void FlatUnit::average_replicas(torch::Tensor& slice) {
+  if (replicate_) replicate_->all_reduce(slice, ReduceOp::kAvg);
+}
+
 void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
   torch::Tensor grads = take_gradients();
   if (reduce_dtype) grads = grads.to(*reduce_dtype);
@@ -141,6 +152,7 @@ void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
   } else {
     torch::Tensor mine = torch::empty({shard_.numel()}, grads.options());
     group_.reduce_scatter(mine, grads, ReduceOp::kAvg);
+    average_replicas(mine);
     add_grad(mine);
   }
 }
@@ -184,7 +196,20 @@ torch::Tensor FlatUnit::flatten_slice(const std::vector<torch::Tensor>& values) 
 
 FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed,
                                                const WrapPolicy& policy)
-    : model_(std::move(model)), group_(group), strategy_(strategy), mixed_(mixed) {
+    : FullyShardedSequential(std::move(model), group, group, nullptr, strategy, mixed, policy) {}
+
+FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed,
+                                               const WrapPolicy& policy)
+    : FullyShardedSequential(std::move(model), mesh.world(), strategy == ShardingStrategy::kHybridShard ? mesh.shard_group() : mesh.world(),
+                             strategy == ShardingStrategy::kHybridShard ? &mesh.replicate_group() : nullptr, strategy, mixed, policy) {}
+
+FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ProcessGroup& shard_group,
+                                               ProcessGroup* replicate, ShardingStrategy strategy, MixedPrecision mixed,
+                                               const WrapPolicy& policy)
+    : model_(std::move(model)), group_(group), shard_group_(shard_group), replicate_(replicate), strategy_(strategy), mixed_(mixed) {
+  if (strategy == ShardingStrategy::kHybridShard && !replicate) {
+    throw Error("HYBRID_SHARD needs a device mesh (replicas x shards): construct with a DeviceMesh");
+  }
   const auto children = model_->named_children();
   // Which group each child with parameters joins: groups[g] lists (name, module) in child order.
   std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> groups;
@@ -220,7 +245,7 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
   }
   std::vector<FlatUnit*> made;
   for (const auto& members : groups) {
-    units_.push_back(std::make_unique<FlatUnit>(members, group_, strategy_));
+    units_.push_back(std::make_unique<FlatUnit>(members, shard_group_, strategy_, replicate_));
     made.push_back(units_.back().get());
   }
   for (std::size_t i = 0; i < children.size(); ++i) child_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
@@ -249,7 +274,8 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
     } else {
       x = child.forward(x);
     }
-    if (ends_unit_[i] && strategy_ == ShardingStrategy::kFullShard && !(unit == final_unit_ && x.requires_grad())) {
+    const bool frees = strategy_ == ShardingStrategy::kFullShard || strategy_ == ShardingStrategy::kHybridShard;
+    if (ends_unit_[i] && frees && !(unit == final_unit_ && x.requires_grad())) {
       unit->release();
       // Gathered again when this unit's backward starts: the gradient of its output arrives.
       if (x.requires_grad()) {
@@ -278,7 +304,7 @@ void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
   for (FlatUnit* u : units) one_dtype = one_dtype && u->shard().scalar_type() == units.front()->shard().scalar_type();
   if (units.size() > 1 && one_dtype) {
     torch::NoGradGuard no_grad;
-    const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : group_.size();
+    const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : shard_group_.size();
     std::int64_t slice_total = 0;
     for (FlatUnit* u : units) slice_total += u->shard().numel();
     // Rank r's part of the bucket holds every unit's slice r, in unit order; reduce-scattered, each
@@ -298,7 +324,8 @@ void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
       mine = bucket;
     } else {
       mine = torch::empty({slice_total}, bucket.options());
-      group_.reduce_scatter(mine, bucket, ReduceOp::kAvg);
+      shard_group_.reduce_scatter(mine, bucket, ReduceOp::kAvg);
+      if (replicate_) replicate_->all_reduce(mine, ReduceOp::kAvg);
     }
     at = 0;
     for (FlatUnit* u : units) {

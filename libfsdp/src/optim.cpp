@@ -45,7 +45,7 @@ double ShardedOptimizer::clip_grad_norm(double max_norm) {
     if (unit && unit->shard().grad().defined()) sq += unit->shard().grad().to(torch::kFloat64).pow(2).sum();
   }
   // With NO_SHARD every rank holds every gradient already; otherwise each holds its slice.
-  if (model_.strategy() != ShardingStrategy::kNoShard) model_.group().all_reduce(sq, ReduceOp::kSum);
+  if (model_.strategy() != ShardingStrategy::kNoShard) model_.shard_group().all_reduce(sq, ReduceOp::kSum);  // replicas hold the same slices
   const double norm = std::sqrt(sq.item<double>());
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fsdp/process_group.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 #include "c10d_compat.hpp"
@@ -116,7 +117,40 @@ ProcessGroup::ProcessGroup(const Rendezvous& where, Backend backend, std::chrono
   impl_->group = detail::make_group(where, backend, timeout);
 }
 
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 ProcessGroup::~ProcessGroup() = default;
+
+std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name, const std::vector<int>& ranks) {
+  const auto me = std::find(ranks.begin(), ranks.end(), rank());
+  if (me == ranks.end()) throw Error("rank " + std::to_string(rank()) + " is not a member of " + name);
+  for (int r : ranks) {
+    if (r < 0 || r >= size()) throw Error(name + ": rank " + std::to_string(r) + " is not in a group of " + std::to_string(size()));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->where = impl_->where;
+  impl->where.rank = static_cast<int>(me - ranks.begin());
+  impl->where.world_size = static_cast<int>(ranks.size());
+  impl->backend = impl_->backend;
+  impl->timeout = impl_->timeout;
+  const std::string who = "rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " (" + name + ", rank " +
+                          std::to_string(impl->where.rank) + " of " + std::to_string(ranks.size()) + ")";
+  if (ranks.size() > 1) impl->group = detail::make_subgroup(*impl_->group, name, impl->where.rank, impl->where.world_size, who);
+  return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+DeviceMesh::DeviceMesh(ProcessGroup& world, int replicas, int shards) : world_(world), replicas_(replicas), shards_(shards) {
+  if (replicas < 1 || shards < 1 || replicas * shards != world.size()) {
+    throw Error("a device mesh of " + std::to_string(replicas) + " x " + std::to_string(shards) + " does not fit a world of " +
+                std::to_string(world.size()) + " (replicas x shards must equal the world size)");
+  }
+  const int r = world.rank() / shards, s = world.rank() % shards;
+  std::vector<int> shard_ranks, replicate_ranks;
+  for (int i = 0; i < shards; ++i) shard_ranks.push_back(r * shards + i);
+  for (int i = 0; i < replicas; ++i) replicate_ranks.push_back(i * shards + s);
+  shard_ = world.subgroup("shard group " + std::to_string(r), shard_ranks);
+  replicate_ = world.subgroup("replicate group " + std::to_string(s), replicate_ranks);
+}
 
 int ProcessGroup::rank() const noexcept { return impl_->where.rank; }
 int ProcessGroup::size() const noexcept { return impl_->where.world_size; }

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -68,7 +69,11 @@ int rank_main(const std::string& strategy) {
   torch::nn::Sequential seq = model();
   Counter counter;
   if (checkpointing) seq->push_back("counter", counter);
-  fsdp::FullyShardedSequential m(seq, pg, fsdp::sharding_strategy_from_string(strategy));
+  // FSDP_TEST_MESH=R,S: a device mesh of R replicas of S shards (HYBRID_SHARD).
+  std::unique_ptr<fsdp::DeviceMesh> mesh;
+  if (const char* m = std::getenv("FSDP_TEST_MESH")) mesh = std::make_unique<fsdp::DeviceMesh>(pg, std::atoi(m), std::atoi(std::strchr(m, ',') + 1));
+  fsdp::FullyShardedSequential m = mesh ? fsdp::FullyShardedSequential(seq, *mesh, fsdp::sharding_strategy_from_string(strategy))
+                                        : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy));
   if (checkpointing) m.set_activation_checkpointing([](const std::string&) { return true; });
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.1));
   const int per = kBatch / pg.size();
@@ -88,7 +93,8 @@ int rank_main(const std::string& strategy) {
       if (u) last = u.get();
     }
     for (const auto& u : m.units()) {
-      if (u && u->gathered() != (strategy != "FULL_SHARD" || u.get() == last)) {
+      const bool frees = strategy == "FULL_SHARD" || strategy == "HYBRID_SHARD";
+      if (u && u->gathered() != (!frees || u.get() == last)) {
         std::cerr << "rank " << pg.rank() << " " << strategy << ": a unit is " << (u->gathered() ? "" : "not ") << "gathered after forward\n";
         return 1;
       }
@@ -97,9 +103,10 @@ int rank_main(const std::string& strategy) {
     opt.step();
   }
   if (strategy != "NO_SHARD") {
-    // the shards are shards: each rank holds 1/world of every unit, padded
+    // the shards are shards: each rank holds 1/world of every unit (1/shards under HYBRID_SHARD), padded
+    const int shards = mesh && strategy == "HYBRID_SHARD" ? mesh->shards() : pg.size();
     for (const auto& u : m.units()) {
-      if (u && u->shard().numel() * pg.size() != u->padded_numel()) {
+      if (u && u->shard().numel() * shards != u->padded_numel()) {
         std::cerr << "rank " << pg.rank() << ": a shard of " << u->shard().numel() << " of " << u->padded_numel() << "\n";
         return 1;
       }
@@ -142,6 +149,30 @@ void save_reference(const std::string& path) {
   sink->commit();
 }
 
+// `first` for 3 steps at `first_world` ranks (on `first_mesh` when set), saved; `saved(dir)`
+// checks the checkpoint; loaded by `then` at `then_world` ranks for the last 2 steps, which must
+// end where single-process training does.
+bool save_then_resume(const char* first, int first_world, const char* first_mesh, const char* then, int then_world,
+                      const std::function<bool(const std::string&)>& saved = {}) {
+  char tmpl[] = "/tmp/fsdp-resume-XXXXXX";
+  const std::string dir = std::string(::mkdtemp(tmpl)) + "/ckpt";
+  if (first_mesh) ::setenv("FSDP_TEST_MESH", first_mesh, 1);
+  ::setenv("FSDP_TEST_TO_STEP", "3", 1);
+  ::setenv("FSDP_TEST_SAVE_DIR", dir.c_str(), 1);
+  bool ok = fsdp_test::launch_ranks(first, first_world);
+  ::unsetenv("FSDP_TEST_MESH");
+  ::unsetenv("FSDP_TEST_SAVE_DIR");
+  ::unsetenv("FSDP_TEST_TO_STEP");
+  ok = ok && (!saved || saved(dir));
+  ::setenv("FSDP_TEST_FROM_STEP", "3", 1);
+  ::setenv("FSDP_TEST_LOAD_DIR", dir.c_str(), 1);
+  ok = ok && fsdp_test::launch_ranks(then, then_world);
+  ::unsetenv("FSDP_TEST_FROM_STEP");
+  ::unsetenv("FSDP_TEST_LOAD_DIR");
+  std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,13 +186,21 @@ int main(int argc, char** argv) {
     }
   }
   if (argc == 3 && std::string(argv[1]) == "save") {
-    // For the PyTorch interop test: sharded checkpoints at world size 2 and 3, and the reference.
+    // For the PyTorch interop test: sharded checkpoints at world size 2, 3 and 4 (HYBRID_SHARD on a
+    // 2 x 2 mesh), and the reference.
     const std::string out = argv[2];
     save_reference(out + "/reference.pt");
     bool ok = true;
-    for (const auto& [strategy, world] : std::vector<std::pair<std::string, int>>{{"FULL_SHARD", 2}, {"SHARD_GRAD_OP", 3}}) {
+    struct Case {
+      std::string strategy;
+      int world;
+      const char* mesh;
+    };
+    for (const auto& [strategy, world, mesh] : std::vector<Case>{{"FULL_SHARD", 2, nullptr}, {"SHARD_GRAD_OP", 3, nullptr}, {"HYBRID_SHARD", 4, "2,2"}}) {
       ::setenv("FSDP_TEST_SAVE_DIR", (out + "/" + strategy + "_w" + std::to_string(world)).c_str(), 1);
+      if (mesh) ::setenv("FSDP_TEST_MESH", mesh, 1);
       ok = fsdp_test::launch_ranks(strategy, world) && ok;
+      ::unsetenv("FSDP_TEST_MESH");
     }
     return ok ? 0 : 1;
   }
@@ -169,19 +208,7 @@ int main(int argc, char** argv) {
   {
     // Resume at another world size: 3 steps at world size 2 (FULL_SHARD), saved; loaded at world
     // size 3 (SHARD_GRAD_OP) for the last 2 steps; equal to 5 single-process steps.
-    char tmpl[] = "/tmp/fsdp-resume-XXXXXX";
-    const std::string dir = std::string(::mkdtemp(tmpl)) + "/ckpt";
-    ::setenv("FSDP_TEST_TO_STEP", "3", 1);
-    ::setenv("FSDP_TEST_SAVE_DIR", dir.c_str(), 1);
-    bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
-    ::unsetenv("FSDP_TEST_SAVE_DIR");
-    ::unsetenv("FSDP_TEST_TO_STEP");
-    ::setenv("FSDP_TEST_FROM_STEP", "3", 1);
-    ::setenv("FSDP_TEST_LOAD_DIR", dir.c_str(), 1);
-    ok = ok && fsdp_test::launch_ranks("SHARD_GRAD_OP", 3);
-    ::unsetenv("FSDP_TEST_FROM_STEP");
-    ::unsetenv("FSDP_TEST_LOAD_DIR");
-    std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
+    const bool ok = save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3);
     std::cout << (ok ? "ok   " : "FAIL ") << "3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps\n";
     (ok ? passed : failed)++;
   }
@@ -190,6 +217,26 @@ int main(int argc, char** argv) {
     const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
     ::unsetenv("FSDP_TEST_CHECKPOINT");
     std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 2 with activation checkpointing (each child run again in backward) equals single-process training\n";
+    (ok ? passed : failed)++;
+  }
+  for (const char* mesh : {"2,2", "2,1", "1,3"}) {
+    // HYBRID_SHARD: sharded within a replica, averaged across replicas (2,1: replication alone).
+    ::setenv("FSDP_TEST_MESH", mesh, 1);
+    const int world = std::atoi(mesh) * std::atoi(std::strchr(mesh, ',') + 1);
+    const bool ok = fsdp_test::launch_ranks("HYBRID_SHARD", world);
+    ::unsetenv("FSDP_TEST_MESH");
+    std::cout << (ok ? "ok   " : "FAIL ") << "HYBRID_SHARD on a " << mesh << " mesh equals single-process training\n";
+    (ok ? passed : failed)++;
+  }
+  {
+    // A HYBRID_SHARD save (2 replicas of 2 shards, written by the first replica: the second
+    // replica's ranks write empty files, as a DCP rank with no item does) resumed by FULL_SHARD at
+    // world size 3.
+    const bool ok = save_then_resume("HYBRID_SHARD", 4, "2,2", "FULL_SHARD", 3, [](const std::string& dir) {
+      return std::filesystem::file_size(dir + "/__2_0.distcp") == 0 && std::filesystem::file_size(dir + "/__3_0.distcp") == 0 &&
+             std::filesystem::file_size(dir + "/__1_0.distcp") > 0;
+    });
+    std::cout << (ok ? "ok   " : "FAIL ") << "3 HYBRID_SHARD steps on a 2,2 mesh (the second replica's files empty), resumed by FULL_SHARD at world size 3 for 2 more, equals 5 single-process steps\n";
     (ok ? passed : failed)++;
   }
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """libfsdp's sharded checkpoints against PyTorch. The C++ test binary trains an MLP under
-FULL_SHARD at world size 2 and SHARD_GRAD_OP at world size 3, saves each with fsdp::save_sharded,
+FULL_SHARD at world size 2, SHARD_GRAD_OP at world size 3 and HYBRID_SHARD on a 2 x 2 mesh, saves
+each with fsdp::save_sharded,
 and writes what single-process training reaches as a torch.save file. Here PyTorch reads them:
 .metadata through the torch 2.x class stand-ins, every item with torch.load(weights_only=True);
 each parameter must equal the single-process value, be chunked on dim 0 by torch.chunk's rule with
@@ -68,4 +69,5 @@ def case(name, world):
 
 check("FULL_SHARD at world size 2: PyTorch reads the sharded checkpoint as single-process training's parameters", case("FULL_SHARD_w2", 2))
 check("SHARD_GRAD_OP at world size 3: the same, chunked by torch.chunk's rule", case("SHARD_GRAD_OP_w3", 3))
+check("HYBRID_SHARD on a 2 x 2 mesh: the same, in 2 chunks (a replica's shards) written by the first replica", case("HYBRID_SHARD_w4", 2))
 finish()

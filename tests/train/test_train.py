@@ -6,7 +6,8 @@
 - one step of torch.optim.AdamW (clip_grad_norm_ first), started from the checkpoint's model and
   optimizer state, lands on our next checkpoint's parameters;
 - the same global batch gives the same loss curve at 1 rank x 8 and 2 ranks x 4 (FULL_SHARD and
-  SHARD_GRAD_OP);
+  SHARD_GRAD_OP), and 4 ranks x 2 as HYBRID_SHARD on a 2 x 2 mesh (its checkpoint resumed by
+  FULL_SHARD);
 - 20 steps straight equal 10 steps plus a resume for 10 more, at 2 ranks, and at 1 and 4;
 - launching by --nproc and by environment variables, a killed rank, SIGTERM, `latest` skipping an
   incomplete or damaged checkpoint, SIGKILL at every step of a save, bad data."""
@@ -132,17 +133,46 @@ def full_state_dict():
     assert sorted(os.listdir(full)) == ["step-00000006.pt", "step-00000008.pt"], os.listdir(full)
 
 
-def same_curve(strategy):
+def same_curve(strategy, nproc=2, extra=(), rel=1e-4):
     def run():
-        one, two = os.path.join(work, f"c1-{strategy}.jsonl"), os.path.join(work, f"c2-{strategy}.jsonl")
+        one, two = os.path.join(work, f"c1-{strategy}.jsonl"), os.path.join(work, f"c{nproc}-{strategy}.jsonl")
         train("--steps", "12", "--batch-size", "8", "--sharding-strategy", strategy, "--log-jsonl", one)
-        train("--steps", "12", "--batch-size", "4", "--sharding-strategy", strategy, "--log-jsonl", two, nproc=2)
+        train("--steps", "12", "--batch-size", str(8 // nproc), "--sharding-strategy", strategy, *extra, "--log-jsonl", two,
+              nproc=nproc)
         l1, l2 = losses(one), losses(two)
         assert sorted(l1) == list(range(1, 13)) and sorted(l2) == sorted(l1), (sorted(l1), sorted(l2))
-        bad = [(s, l1[s], l2[s]) for s in l1 if not close(l1[s], l2[s], 1e-4)]
+        bad = [(s, l1[s], l2[s]) for s in l1 if not close(l1[s], l2[s], rel)]
         assert not bad, f"losses differ: {bad}"
         assert l1[12] < l1[1], f"the loss did not fall: {l1[1]} -> {l1[12]}"
     return run
+
+
+def hybrid_shard():
+    # 4 ranks as 2 replicas of 2 shards: the curve of 1 rank x 8; its checkpoint (written by the
+    # first replica) resumes under FULL_SHARD at 2 ranks; a mesh that does not fit is refused
+    # before any rank starts.
+    # (1e-5: the same sums in another order; a clipping norm counted once per replica misses it by 1e-4)
+    same_curve("HYBRID_SHARD", nproc=4, extra=("--device-mesh", "2,2"), rel=1e-5)()
+    # The clipped norm is the global one: each replica's shards counted once.
+    norms = [{j["step"]: j["grad_norm"] for j in map(json.loads, open(os.path.join(work, f"c{n}-HYBRID_SHARD.jsonl")))
+              if "grad_norm" in j} for n in (1, 4)]
+    assert sorted(norms[0]) == list(range(1, 13)), norms[0]
+    bad = [(st, norms[0][st], norms[1].get(st)) for st in norms[0] if not close(norms[0][st], norms[1].get(st, 0), 1e-5)]
+    assert not bad, f"gradient norms differ: {bad}"
+    d = os.path.join(work, "hy")
+    train("--steps", "12", "--batch-size", "2", "--sharding-strategy", "HYBRID_SHARD", "--device-mesh", "2,2",
+          "--ckpt-dir", d, "--stop-at-step", "6", nproc=4)
+    step6 = os.path.join(d, "step-00000006")
+    assert [os.path.getsize(os.path.join(step6, f"__{r}_0.distcp")) > 0 for r in range(4)] == [True, True, False, False]
+    train("--steps", "12", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest", "--log-jsonl", d + ".jsonl", nproc=2)
+    l1, lr = losses(os.path.join(work, "c1-HYBRID_SHARD.jsonl")), losses(d + ".jsonl")
+    assert sorted(lr) == list(range(7, 13)), sorted(lr)
+    bad = [(st, l1[st], lr[st]) for st in lr if not close(l1[st], lr[st], 1e-5)]
+    assert not bad, f"resumed losses differ: {bad}"
+    r = train("--steps", "2", "--sharding-strategy", "HYBRID_SHARD", "--device-mesh", "3,2", nproc=4, expect=1)
+    assert "--device-mesh 3,2 does not fit 4 ranks" in r.stderr and "rank 0" not in r.stderr, r.stderr
+    r = train("--steps", "2", "--device-mesh", "1,2", nproc=2, expect=1)
+    assert "--device-mesh is HYBRID_SHARD's" in r.stderr, r.stderr
 
 
 def accumulation():
@@ -415,6 +445,7 @@ check("pytorch_gpt_and_adamw_equivalence", pytorch_equivalence)
 check("full_state_dict", full_state_dict)
 check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
+check("hybrid_shard", hybrid_shard)
 check("accumulation_no_sync", accumulation)
 check("precision", precision)
 check("activation_checkpointing", activation_checkpointing)

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <stdexcept>
 #include <numbers>
 
 #include "common/cli_common.hpp"
@@ -45,8 +48,22 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "fsdp, or fsdp_cpu_offload (parameters, gradients and optimizer state in host memory: what a CPU run has "
                   "already, so here it changes nothing and says so)")
       ->check(CLI::IsMember({"fsdp", "fsdp_cpu_offload"}))->group(s);
-  app->add_option("--sharding-strategy", c.sharding_strategy, "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
-      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}))->group(s);
+  app->add_option("--sharding-strategy", c.sharding_strategy,
+                  "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, or HYBRID_SHARD (FULL_SHARD within each replica of --device-mesh, "
+                  "gradients averaged across replicas)")
+      ->check(CLI::IsMember({"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}))->group(s);
+  app->add_option("--device-mesh", c.device_mesh,
+                  "R,S: HYBRID_SHARD's mesh of R replicas of S shards, R x S = the world size (default: the ranks of a machine "
+                  "shard, the machines replicate)")
+      ->check([](const std::string& v) -> std::string {
+        int replicas = 0, shards = 0;
+        char tail = 0;
+        if (std::sscanf(v.c_str(), "%d,%d%c", &replicas, &shards, &tail) != 2 || replicas < 1 || shards < 1) {
+          return "expected R,S (two positive integers)";
+        }
+        return {};
+      })
+      ->group(s);
   app->add_option("--precision", c.precision,
                   "32-true; bf16-mixed (fp32 parameters and optimizer, bfloat16 autocast compute and gradient reduction, "
                   "as Lightning's); bf16-true (the model itself in bfloat16)")
@@ -81,6 +98,26 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "step-N.pt written by rank 0, as Lightning's full checkpoint)")
       ->check(CLI::IsMember({"sharded", "full"}))->group(k);
   return app;
+}
+
+std::optional<std::pair<int, int>> hybrid_mesh(const TrainConfig& c, int world, int local_world) {
+  if (c.sharding_strategy != "HYBRID_SHARD") {
+    if (!c.device_mesh.empty()) throw std::runtime_error("--device-mesh is HYBRID_SHARD's; this run's --sharding-strategy is " + c.sharding_strategy);
+    return std::nullopt;
+  }
+  int r = 0, s = 0;
+  if (c.device_mesh.empty()) {
+    s = std::max(1, std::min(local_world, world));
+    if (world % s != 0) {
+      throw std::runtime_error("HYBRID_SHARD shards within a machine by default, but " + std::to_string(s) + " ranks per machine do not divide " +
+                               std::to_string(world) + " ranks: give --device-mesh R,S");
+    }
+    r = world / s;
+  } else if (std::sscanf(c.device_mesh.c_str(), "%d,%d", &r, &s) != 2 || r < 1 || s < 1 || r * s != world) {
+    throw std::runtime_error("--device-mesh " + c.device_mesh + " does not fit " + std::to_string(world) +
+                             " ranks (replicas x shards must equal the world size)");
+  }
+  return std::pair{r, s};
 }
 
 double learning_rate(const TrainConfig& c, std::int64_t step) {

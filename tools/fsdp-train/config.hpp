@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 
 namespace fsdp_train {
@@ -32,6 +34,7 @@ struct TrainConfig {
   // strategy
   std::string strategy = "fsdp";  ///< the registry's names: fsdp, fsdp_cpu_offload
   std::string sharding_strategy = "FULL_SHARD";
+  std::string device_mesh;  ///< "R,S" (HYBRID_SHARD: R replicas of S shards); empty: one replica per node
   std::string precision = "32-true";  ///< 32-true, bf16-mixed (autocast, bf16 reduction), bf16-true (a bf16 model)
   bool activation_checkpointing = false;  ///< gpt: every block
   std::string auto_wrap = "children";  ///< children, block, or a parameter count
@@ -54,6 +57,12 @@ struct TrainConfig {
 };
 
 std::unique_ptr<CLI::App> make_train_app(TrainConfig& c);
+
+/// HYBRID_SHARD's mesh as (replicas, shards) for a world of `world` ranks, `local_world` of them
+/// on this machine: --device-mesh, or by default PyTorch's (sharded within a machine, replicated
+/// across machines). std::nullopt for the other strategies. Throws std::runtime_error when
+/// --device-mesh is given to another strategy or does not fit the world.
+std::optional<std::pair<int, int>> hybrid_mesh(const TrainConfig& c, int world, int local_world);
 
 /// The learning rate at `step` (1-based): linear warmup over `warmup` steps, then cosine decay to
 /// min_lr at `steps` (nanoGPT's schedule).

@@ -108,6 +108,7 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   put("grad_clip", pk::make_float(c.grad_clip));
   put("seed", pk::make_int(static_cast<std::int64_t>(c.seed)));
   put("sharding_strategy", pk::make_str(c.sharding_strategy));
+  if (!c.device_mesh.empty()) put("device_mesh", pk::make_str(c.device_mesh));
   put("precision", pk::make_str(c.precision));
   return pk::make_dict(std::move(d));
 }
@@ -145,11 +146,12 @@ void check_same_model(const TrainConfig& c, const pk::ValuePtr& meta, const fs::
 
 class Trainer {
  public:
-  Trainer(const TrainConfig& c, fsdp::ProcessGroup& pg)
+  /// `mesh`: HYBRID_SHARD's (nullptr for the other strategies).
+  Trainer(const TrainConfig& c, fsdp::ProcessGroup& pg, fsdp::DeviceMesh* mesh)
       : c_(c), pg_(pg), rank_(pg.rank()), world_(pg.size()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
         model_(build_model(c)),
-        fsdp_(model_, pg, fsdp::sharding_strategy_from_string(c.sharding_strategy), mixed_precision(c), wrap_policy(c)),
+        fsdp_(wrap(model_, c, pg, mesh)),
         opt_(fsdp_, optimizer_options(c)) {}
 
   int run() {
@@ -257,6 +259,12 @@ class Trainer {
     return m;
   }
 
+  static fsdp::FullyShardedSequential wrap(const torch::nn::Sequential& m, const TrainConfig& c, fsdp::ProcessGroup& pg, fsdp::DeviceMesh* mesh) {
+    const fsdp::ShardingStrategy s = fsdp::sharding_strategy_from_string(c.sharding_strategy);
+    if (mesh) return fsdp::FullyShardedSequential(m, *mesh, s, mixed_precision(c), wrap_policy(c));
+    return fsdp::FullyShardedSequential(m, pg, s, mixed_precision(c), wrap_policy(c));
+  }
+
   static fsdp::WrapPolicy wrap_policy(const TrainConfig& c) {
     fsdp::WrapPolicy w;
     if (c.auto_wrap == "block") {
@@ -334,13 +342,19 @@ class Trainer {
     std::fflush(stderr);
   }
 
+  std::string mesh_text() const {
+    if (fsdp_.strategy() != fsdp::ShardingStrategy::kHybridShard) return {};
+    const int shards = fsdp_.shard_group().size();
+    return " on " + std::to_string(world_ / shards) + " x " + std::to_string(shards) + " (replicas x shards)";
+  }
+
   std::string describe(std::int64_t start) const {
     std::int64_t params = 0;  // every parameter is in a unit (each child with parameters is one)
     for (const auto& u : fsdp_.units()) {
       if (u) for (const auto& p : u->params()) params += p.numel;
     }
     return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
-           c_.sharding_strategy + " (" + std::to_string(fsdp_.units().size()) + " units), " + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
+           c_.sharding_strategy + mesh_text() + " (" + std::to_string(fsdp_.units().size()) + " units), " + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
            std::to_string(c_.block_size) + " tokens, data " + data_.source + " (" + std::to_string(data_.tokens.size()) + " tokens)" +
            (start > 0 ? ", resuming after step " + std::to_string(start) : "");
   }
@@ -535,7 +549,9 @@ int run_rank(const TrainConfig& config, const std::map<std::string, std::string>
     fsdp::ProcessGroup pg(*where, fsdp::backend_from_string(config.backend),
                           std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout * 1000)));
     try {
-      Trainer trainer(config, pg);
+      std::unique_ptr<fsdp::DeviceMesh> mesh;
+      if (const auto rs = hybrid_mesh(config, pg.size(), local_world)) mesh = std::make_unique<fsdp::DeviceMesh>(pg, rs->first, rs->second);
+      Trainer trainer(config, pg, mesh.get());
       status = trainer.run();
     } catch (const std::exception& e) {
       throw std::runtime_error("rank " + std::to_string(pg.rank()) + ": " + e.what());

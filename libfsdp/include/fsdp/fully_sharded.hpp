@@ -27,9 +27,11 @@
 
 namespace fsdp {
 
-enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard };
+/// HYBRID_SHARD is FULL_SHARD within each replica of a DeviceMesh, gradients then averaged
+/// across the replicas.
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 std::string_view to_string(ShardingStrategy s) noexcept;
-/// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD" (HYBRID_SHARD is not implemented yet); throws fsdp::Error.
+/// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"; throws fsdp::Error.
 ShardingStrategy sharding_strategy_from_string(std::string_view name);
 
 /// One unit: the parameters of one module, flattened and sharded.
@@ -42,10 +44,14 @@ class FlatUnit {
     std::int64_t offset = 0, numel = 0;  ///< in the flat buffer
   };
 
-  /// Flattens `module`'s parameters; rank 0's values are broadcast so that every rank starts equal.
-  FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy);
+  /// Flattens `module`'s parameters, sharded over `group`; rank 0's values are broadcast so that
+  /// every rank starts equal. HYBRID_SHARD: `group` is the shard group and `replicate` the
+  /// replicate group of a DeviceMesh (gradients are averaged over both).
+  FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy,
+           ProcessGroup* replicate = nullptr);
   /// One unit over several modules, each under its prefix (a wrap policy's group).
-  FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy);
+  FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy,
+           ProcessGroup* replicate = nullptr);
 
   /// Points the module's parameters at the full values (all-gathered unless already there).
   void gather();
@@ -59,6 +65,8 @@ class FlatUnit {
   torch::Tensor take_gradients();
   /// Adds `slice` (laid out as shard(), any dtype: cast to the shard's) to shard().grad().
   void add_grad(const torch::Tensor& slice);
+  /// Averages `slice` (laid out as shard()) over the replicas, in place (HYBRID_SHARD; otherwise nothing).
+  void average_replicas(torch::Tensor& slice);
   /// Sets every parameter's full value (`values[i]` for params()[i], any world size's
   /// checkpoint); this rank keeps its slice. The full values are released.
   void load_full(const std::vector<torch::Tensor>& values);
@@ -78,6 +86,7 @@ class FlatUnit {
 
  private:
   ProcessGroup& group_;
+  ProcessGroup* replicate_;
   ShardingStrategy strategy_;
   std::vector<Param> params_;
   std::int64_t total_ = 0, padded_ = 0;
@@ -106,7 +115,12 @@ struct WrapPolicy {
 
 class FullyShardedSequential {
  public:
+  /// Sharded over every rank of `group` (HYBRID_SHARD needs the other constructor: throws fsdp::Error).
   FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {},
+                         const WrapPolicy& policy = {});
+  /// HYBRID_SHARD over `mesh` (sharded within each replica, replicated across); any other
+  /// strategy shards over the mesh's whole world as the first constructor does.
+  FullyShardedSequential(torch::nn::Sequential model, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed = {},
                          const WrapPolicy& policy = {});
 
   /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
@@ -133,12 +147,21 @@ class FullyShardedSequential {
   void set_activation_checkpointing(std::function<bool(const std::string& child)> which);
 
   ShardingStrategy strategy() const noexcept { return strategy_; }
+  /// Every rank.
   ProcessGroup& group() noexcept { return group_; }
+  /// The ranks a unit is sharded over: group() except under HYBRID_SHARD (the replica's ranks).
+  ProcessGroup& shard_group() noexcept { return shard_group_; }
+  const ProcessGroup& shard_group() const noexcept { return shard_group_; }
   const std::vector<std::unique_ptr<FlatUnit>>& units() const noexcept { return units_; }
 
  private:
+  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate,
+                         ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy);
+
   torch::nn::Sequential model_;
   ProcessGroup& group_;
+  ProcessGroup& shard_group_;
+  ProcessGroup* replicate_;
   ShardingStrategy strategy_;
   MixedPrecision mixed_;
   std::vector<bool> checkpointed_;  ///< per child

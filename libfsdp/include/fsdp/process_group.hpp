@@ -92,9 +92,37 @@ class ProcessGroup {
   /// copy whose slice is kept.
   void reduce_scatter(at::Tensor& out, const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
 
+  /// A group of some of this group's ranks, as torch's new_group: `ranks` in this group's
+  /// numbering, this process among them (its rank there is its index in `ranks`). They meet under
+  /// `name` through this group's store; only the members call this, and every member must.
+  std::unique_ptr<ProcessGroup> subgroup(const std::string& name, const std::vector<int>& ranks);
+
  private:
   struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+/// A (replicas × shards) mesh over a group, as torch's init_device_mesh((replicas, shards)):
+/// rank r * shards + s is shard s of replica r. HYBRID_SHARD shards a unit within its replica
+/// (the shard group: ranks r * shards ... r * shards + shards - 1) and averages gradients across
+/// replicas (the replicate group: ranks s, shards + s, ...).
+class DeviceMesh {
+ public:
+  /// Makes this rank's shard and replicate groups (a collective over `world`). Throws
+  /// fsdp::Error when replicas × shards is not the world size.
+  DeviceMesh(ProcessGroup& world, int replicas, int shards);
+
+  ProcessGroup& world() noexcept { return world_; }
+  ProcessGroup& shard_group() noexcept { return *shard_; }
+  ProcessGroup& replicate_group() noexcept { return *replicate_; }
+  int replicas() const noexcept { return replicas_; }
+  int shards() const noexcept { return shards_; }
+
+ private:
+  ProcessGroup& world_;
+  int replicas_, shards_;
+  std::unique_ptr<ProcessGroup> shard_, replicate_;
 };
 
 }  // namespace fsdp
