@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/dcp.hpp"
@@ -161,6 +162,7 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   // hold the same pieces and the first one writes them (as DCP writes a replicated item once).
   const int pieces = model.strategy() == ShardingStrategy::kHybridShard ? model.shard_group().size() : world;
   const int piece = rank < pieces ? rank : -1;
+  if (o.model_filter) throw Error("a sharded checkpoint cannot be filtered (it could not be loaded): save a full one");
   std::vector<ckpt::DcpWriteTensor> tensors;
   std::vector<ckpt::DcpWriteObject> objects;
   ckpt::DcpWriteOptions options;
@@ -217,7 +219,9 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
   };
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> model_items;
   std::vector<std::string> fqns;
+  auto kept = [&](const std::string& fqn) { return !o.model_filter || o.model_filter(fqn); };
   for (const auto& [name, t] : model.full_state_dict()) {  // a collective
+    if (!kept(name)) continue;
     if (writer) model_items.emplace_back(pk::make_str(name), tensor_value(t));
     fqns.push_back(name);
   }
@@ -227,7 +231,7 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
   if (o.optimizer) {
     std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> state;
     for_each_param_state(model, *o.optimizer, [&](const std::string& p, const auto& buffers) {
-      if (!writer) return;
+      if (!writer || !kept(p)) return;
       std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> per;
       for (const auto& [b, t] : buffers) per.emplace_back(pk::make_str(b), tensor_value(t));
       state.emplace_back(pk::make_str(p), pk::make_dict(std::move(per)));
@@ -261,7 +265,23 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       const auto& unit = model.units()[u];
       if (!unit) continue;
       std::vector<torch::Tensor> values;
-      for (const auto& p : unit->params()) values.push_back(read_full(c, reader, o.model_key + "." + p.fqn, p.shape, who));
+      bool missing = false;
+      for (const auto& p : unit->params()) {
+        const std::string fqn = o.model_key + "." + p.fqn;
+        const bool skip = !o.strict && !c.find_tensor(fqn);
+        missing = missing || skip;
+        values.push_back(skip ? torch::Tensor() : read_full(c, reader, fqn, p.shape, who));
+      }
+      if (missing) {
+        // Not strict: a parameter the checkpoint lacks keeps its value (every rank of the unit
+        // reads the same checkpoint, so all gather here or none does).
+        const bool was = unit->gathered();
+        unit->gather();
+        for (std::size_t i = 0; i < values.size(); ++i) {
+          if (!values[i].defined()) values[i] = unit->params()[i].tensor.detach().clone();
+        }
+        if (!was) unit->release();
+      }
       unit->load_full(values);
       if (!o.optimizer) continue;
       for (const auto& b : o.optimizer->buffer_names()) {
@@ -275,6 +295,21 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       if (c.find_tensor(step)) steps = static_cast<std::int64_t>(read_full(c, reader, step, {}, who).item<double>());
     }
     if (o.optimizer) o.optimizer->set_steps(steps.value_or(0));
+    if (o.strict) {
+      // Nothing under the model's key that the model does not have (torch's "unexpected keys").
+      std::set<std::string> known;
+      for (const auto& unit : model.units()) {
+        if (unit) for (const auto& p : unit->params()) known.insert(o.model_key + "." + p.fqn);
+      }
+      std::vector<std::string> unexpected;
+      for (const auto& t : c.tensors) {
+        if (t.name.starts_with(o.model_key + ".") && !known.count(t.name)) unexpected.push_back(t.name);
+      }
+      if (!unexpected.empty()) {
+        throw Error(who + ": it holds " + std::to_string(unexpected.size()) + " entries under '" + o.model_key +
+                    "' that the model does not have (first: '" + unexpected.front() + "'; load with strict = false to ignore them)");
+      }
+    }
     if (std::filesystem::is_regular_file(dir)) {
       meta = ckpt::read_torch_save(ckpt::open_file(dir)).root;
     } else if (std::filesystem::exists(dir / "meta.pt")) {

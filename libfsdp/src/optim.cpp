@@ -38,7 +38,7 @@ torch::Tensor& ShardedOptimizer::buffer(std::size_t unit, const std::string& nam
   return slot;
 }
 
-double ShardedOptimizer::clip_grad_norm(double max_norm) {
+double ShardedOptimizer::clip_grad_norm(double max_norm, bool error_if_nonfinite) {
   torch::NoGradGuard no_grad;
   torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64));
   for (const auto& unit : model_.units()) {
@@ -47,6 +47,10 @@ double ShardedOptimizer::clip_grad_norm(double max_norm) {
   // With NO_SHARD every rank holds every gradient already; otherwise each holds its slice.
   if (model_.strategy() != ShardingStrategy::kNoShard) model_.shard_group().all_reduce(sq, ReduceOp::kSum);  // replicas hold the same slices
   const double norm = std::sqrt(sq.item<double>());
+  if (error_if_nonfinite && !std::isfinite(norm)) {
+    throw Error("the total norm of the gradients is " + std::to_string(norm) +
+                ", so they cannot be clipped (pass error_if_nonfinite = false to scale them anyway)");
+  }
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
     for (const auto& unit : model_.units()) {

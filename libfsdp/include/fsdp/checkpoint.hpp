@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "ckpt/pickle.hpp"
@@ -23,6 +24,9 @@ struct SaveOptions {
   /// Non-null: rank 0 writes it as `meta.pt` (a torch.save file), as Lightning keeps a sharded
   /// checkpoint's other state, before `.metadata`.
   ckpt::pickle::ValuePtr meta;
+  /// Set: only the parameters (by FQN) it accepts are saved, with their optimizer state (save_full
+  /// only: a sharded checkpoint with a filter could not be loaded, so save_sharded refuses one).
+  std::function<bool(const std::string& fqn)> model_filter;
 };
 
 /// Saves `model`'s sharded state dict as a DCP directory laid out as PyTorch FSDP's
@@ -47,6 +51,11 @@ struct LoadOptions {
   /// Also loads this optimizer's buffers and step count (saved as SaveOptions describes).
   ShardedOptimizer* optimizer = nullptr;
   std::string optimizer_key = "optimizer";
+  /// true: every parameter of the model must be in the checkpoint, and the checkpoint may hold no
+  /// other entry under `<model_key>.` (as torch's load_state_dict(strict=True)); false: missing
+  /// parameters keep their values and other entries are ignored (the optimizer state asked for
+  /// must be whole either way).
+  bool strict = true;
 };
 
 /// Loads `model`'s parameters from a DCP directory (ours or PyTorch's) written at any world size,

@@ -40,7 +40,8 @@ class ShardedOptimizer {
   /// Scales the gradients so that their global 2-norm is at most `max_norm` (as
   /// torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), never above 1);
   /// returns the norm before clipping. A collective (each rank holds part of the gradients).
-  double clip_grad_norm(double max_norm);
+  /// error_if_nonfinite: a NaN or infinite norm throws fsdp::Error, the gradients unchanged.
+  double clip_grad_norm(double max_norm, bool error_if_nonfinite = false);
   /// One update at learning rate `lr`, every unit.
   void step(double lr);
 

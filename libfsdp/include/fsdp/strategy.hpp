@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+// fsdp::Strategy: the C++ counterpart of Lightning Fabric's FSDPStrategy (DESIGN.md "libfsdp").
+// It holds the options FSDPStrategy's constructor takes and refuses the same contradictions there,
+// joins the processes, wraps a model and makes its optimizer, and saves and loads checkpoints from
+// a state of named objects, as Fabric's save/load do:
+//
+//   fsdp::Strategy strategy(fsdp::registered_strategy("fsdp"));
+//   strategy.setup_environment(env);
+//   auto& model = strategy.setup_module(make_model());
+//   auto& optimizer = strategy.setup_optimizer({fsdp::OptimizerKind::kAdamW, 1e-3});
+//   fsdp::State state{{"model", &model}, {"optimizer", &optimizer}, {"step", make_int(10)}};
+//   strategy.save_checkpoint("ckpt", state);
+//   auto rest = strategy.load_checkpoint("ckpt", state);  // state["step"] is the saved value again
+//
+// Lower-level pieces (FullyShardedSequential, ShardedOptimizer, save_sharded, ...) stay usable
+// on their own; this class composes them with the seed's semantics and errors.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "ckpt/pickle.hpp"
+#include "fsdp/checkpoint.hpp"
+#include "fsdp/fully_sharded.hpp"
+#include "fsdp/optim.hpp"
+#include "fsdp/process_group.hpp"
+
+namespace fsdp {
+
+/// FSDPStrategy's constructor arguments.
+struct StrategyOptions {
+  std::optional<Backend> process_group_backend;  ///< default: gloo (the CPU's), nccl on CUDA
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  bool cpu_offload = false;
+  /// Explicit reduce dtype; otherwise from `precision`.
+  std::optional<MixedPrecision> mixed_precision;
+  /// 32-true, bf16-mixed (bfloat16 gradient reduction; the caller computes under autocast),
+  /// bf16-true (the caller converts the model), 16-mixed (float16 with a gradient scaler: CUDA only).
+  std::string precision = "32-true";
+  std::optional<WrapPolicy> auto_wrap_policy;
+  /// The deprecated spelling of activation_checkpointing_policy; giving both is an error.
+  std::function<bool(const std::string& child)> activation_checkpointing;
+  std::function<bool(const std::string& child)> activation_checkpointing_policy;
+  std::string sharding_strategy = "FULL_SHARD";  ///< FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD
+  std::string state_dict_type = "sharded";       ///< sharded (a DCP directory) or full (one torch.save file)
+  /// HYBRID_SHARD's (replicas, shards); their product must be the world size.
+  std::optional<std::pair<int, int>> device_mesh;
+  /// An existing group to shard over instead of joining one from the environment (mutually
+  /// exclusive with device_mesh).
+  ProcessGroup* process_group = nullptr;
+  /// Where warnings go (rank 0 only); default: stderr.
+  std::function<void(const std::string&)> warn;
+};
+
+/// The registry's names: "fsdp" (the defaults) and "fsdp_cpu_offload" (cpu_offload set).
+/// Throws fsdp::Error for any other name.
+StrategyOptions registered_strategy(std::string_view name);
+std::vector<std::string> registered_strategies();
+
+/// One object of a checkpoint's state: the model set up by the strategy, its optimizer, or any
+/// other value (saved in meta.pt, or at the top level of a full checkpoint).
+using StateItem = std::variant<FullyShardedSequential*, ShardedOptimizer*, ckpt::pickle::ValuePtr>;
+using State = std::map<std::string, StateItem>;
+/// Lightning's filter: for a state key, which of its entries to save (the model's by parameter
+/// FQN, a dict value's by key). Full checkpoints only.
+using Filter = std::map<std::string, std::function<bool(const std::string& name)>>;
+
+class Strategy {
+ public:
+  /// Checks the options as FSDPStrategy's constructor does; throws fsdp::Error.
+  explicit Strategy(StrategyOptions options);
+  ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  /// Joins the processes the environment describes (torchrun's or SLURM's variables; none: a
+  /// world of one), or takes options.process_group; makes the device mesh for HYBRID_SHARD.
+  void setup_environment(const std::map<std::string, std::string>& env);
+  ProcessGroup& group();
+  int global_rank();
+  int world_size();
+
+  /// Wraps `module` into FSDP units by the policy, sharded by the strategy, activation
+  /// checkpointing applied. The strategy owns the result.
+  FullyShardedSequential& setup_module(torch::nn::Sequential module);
+  /// An optimizer over the model's shards (setup_module first). The strategy owns it.
+  ShardedOptimizer& setup_optimizer(const OptimizerOptions& options);
+  /// Checks that a torch optimizer steps the model's shards: one made before setup_module (over
+  /// the original parameters) references none, and is refused.
+  void setup_optimizer(const torch::optim::Optimizer& optimizer);
+
+  /// The global gradient norm, clipped to `max_norm`. error_if_nonfinite: a NaN or infinite norm
+  /// is an error and the gradients are left as they are.
+  double clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, bool error_if_nonfinite = true);
+
+  void barrier();
+
+  /// Saves `state` as Fabric's FSDPStrategy does: state_dict_type sharded, a DCP directory at
+  /// `path` (a file there is replaced) with every value that is neither model nor optimizer in
+  /// meta.pt; full, one torch.save file written by rank 0 (a sharded checkpoint there is
+  /// replaced, any other directory is an error), `filter` applied. Exactly one model; at most
+  /// one optimizer. A collective.
+  void save_checkpoint(const std::filesystem::path& path, const State& state, const Filter& filter = {});
+  /// Loads a sharded directory or a full file (told apart as the seed does) into the model and
+  /// optimizer of `state`, at any world size; every other key of `state` receives the saved value
+  /// of that name. strict: the model's parameters and the requested keys must all be there, and
+  /// the checkpoint may hold no other parameter of the model. Returns what was saved but not asked
+  /// for (a dict). A collective.
+  ckpt::pickle::ValuePtr load_checkpoint(const std::filesystem::path& path, State& state, bool strict = true);
+
+  const StrategyOptions& options() const noexcept { return options_; }
+  ShardingStrategy sharding_strategy() const noexcept { return sharding_; }
+
+ private:
+  void warn(const std::string& message);
+
+  StrategyOptions options_;
+  ShardingStrategy sharding_;
+  std::unique_ptr<ProcessGroup> owned_group_;
+  ProcessGroup* group_ = nullptr;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::vector<std::unique_ptr<FullyShardedSequential>> modules_;
+  std::vector<std::unique_ptr<ShardedOptimizer>> optimizers_;
+  std::filesystem::path store_;  ///< the FileStore of a world of one, removed at the end
+};
+
+}  // namespace fsdp

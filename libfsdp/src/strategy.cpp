@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp/strategy.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <iostream>
+#include <set>
+
+namespace fsdp {
+namespace pk = ckpt::pickle;
+namespace fs = std::filesystem;
+
+StrategyOptions registered_strategy(std::string_view name) {
+  StrategyOptions o;
+  if (name == "fsdp") return o;
+  if (name == "fsdp_cpu_offload") {
+    o.cpu_offload = true;
+    return o;
+  }
+  throw Error("unknown strategy '" + std::string(name) + "' (registered: fsdp, fsdp_cpu_offload)");
+}
+
+std::vector<std::string> registered_strategies() { return {"fsdp", "fsdp_cpu_offload"}; }
+
+Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
+  // The seed's constructor errors, with their meaning.
+  if (options_.activation_checkpointing && options_.activation_checkpointing_policy) {
+    throw Error("you cannot set both activation_checkpointing and activation_checkpointing_policy; use the latter");
+  }
+  if (options_.process_group && options_.device_mesh) {
+    throw Error("the options process_group and device_mesh are mutually exclusive; pass only one of them");
+  }
+  sharding_ = sharding_strategy_from_string(options_.sharding_strategy);
+  if (sharding_ == ShardingStrategy::kHybridShard && !options_.auto_wrap_policy && !options_.process_group && !options_.device_mesh) {
+    throw Error("the hybrid sharding strategy requires at least one of the options auto_wrap_policy, process_group or device_mesh");
+  }
+  if (options_.device_mesh && sharding_ != ShardingStrategy::kHybridShard) {
+    throw Error("device_mesh is only valid with the HYBRID_SHARD sharding strategy, not " + options_.sharding_strategy);
+  }
+  if (options_.state_dict_type != "sharded" && options_.state_dict_type != "full") {
+    throw Error("unknown state_dict_type: '" + options_.state_dict_type + "' (full or sharded)");
+  }
+  static const std::set<std::string, std::less<>> precisions{"32-true", "bf16-mixed", "bf16-true", "16-mixed"};
+  if (!precisions.count(options_.precision)) {
+    throw Error("precision '" + options_.precision + "' is not supported (32-true, bf16-mixed, bf16-true, 16-mixed)");
+  }
+  if (options_.precision == "16-mixed" && !nccl_available()) {
+    throw Error("precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA; this build has none (use bf16-mixed)");
+  }
+}
+
+Strategy::~Strategy() {
+  optimizers_.clear();
+  modules_.clear();
+  mesh_.reset();
+  owned_group_.reset();
+  if (!store_.empty()) {
+    std::error_code ec;
+    fs::remove(store_, ec);
+  }
+}
+
+void Strategy::warn(const std::string& message) {
+  if (group_ && group_->rank() != 0) return;
+  if (options_.warn) options_.warn(message);
+  else std::cerr << "warning: " << message << "\n";
+}
+
+void Strategy::setup_environment(const std::map<std::string, std::string>& env) {
+  if (group_) throw Error("setup_environment was called twice");
+  if (options_.process_group) {
+    group_ = options_.process_group;
+  } else {
+    std::optional<Rendezvous> where = Rendezvous::from_environment(env);
+    if (!where) {
+      where.emplace();
+      static std::atomic<int> made{0};
+      store_ = fs::temp_directory_path() / ("fsdp-strategy-" + std::to_string(::getpid()) + "-" + std::to_string(made++) + ".store");
+      where->file_store = store_.string();
+    }
+    owned_group_ = std::make_unique<ProcessGroup>(*where, options_.process_group_backend.value_or(Backend::kGloo), options_.timeout);
+    group_ = owned_group_.get();
+  }
+  if (sharding_ == ShardingStrategy::kHybridShard) {
+    // Without a mesh, PyTorch's default: shard within a machine, replicate across machines.
+    std::pair<int, int> rs;
+    if (options_.device_mesh) {
+      rs = *options_.device_mesh;
+    } else {
+      int local = group_->size();
+      if (auto it = env.find("LOCAL_WORLD_SIZE"); it != env.end()) local = std::max(1, std::atoi(it->second.c_str()));
+      if (group_->size() % local != 0) throw Error("HYBRID_SHARD: " + std::to_string(local) + " ranks per machine do not divide the world; give device_mesh");
+      rs = {group_->size() / local, local};
+    }
+    mesh_ = std::make_unique<DeviceMesh>(*group_, rs.first, rs.second);
+  }
+  if (options_.cpu_offload) {
+    warn("cpu_offload has no effect on the CPU: parameters, gradients and optimizer state are in host memory already");
+  }
+}
+
+ProcessGroup& Strategy::group() {
+  if (!group_) throw Error("call setup_environment first");
+  return *group_;
+}
+int Strategy::global_rank() { return group().rank(); }
+int Strategy::world_size() { return group().size(); }
+
+FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
+  MixedPrecision mixed = options_.mixed_precision.value_or(MixedPrecision{});
+  if (!options_.mixed_precision && options_.precision != "32-true") mixed.reduce_dtype = c10::ScalarType::BFloat16;
+  const WrapPolicy policy = options_.auto_wrap_policy.value_or(WrapPolicy{});
+  if (mesh_) modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed, policy));
+  else modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed, policy));
+  FullyShardedSequential& m = *modules_.back();
+  if (const auto& which = options_.activation_checkpointing_policy ? options_.activation_checkpointing_policy : options_.activation_checkpointing) {
+    m.set_activation_checkpointing(which);
+  }
+  return m;
+}
+
+ShardedOptimizer& Strategy::setup_optimizer(const OptimizerOptions& options) {
+  if (modules_.empty()) throw Error("set up the model (setup_module) before its optimizer");
+  optimizers_.push_back(std::make_unique<ShardedOptimizer>(*modules_.back(), options));
+  return *optimizers_.back();
+}
+
+void Strategy::setup_optimizer(const torch::optim::Optimizer& optimizer) {
+  std::set<const void*> shards;
+  for (const auto& m : modules_) {
+    for (const auto& p : m->parameters()) shards.insert(p.unsafeGetTensorImpl());
+  }
+  for (const auto& g : optimizer.param_groups()) {
+    for (const auto& p : g.params()) {
+      if (shards.count(p.unsafeGetTensorImpl())) return;
+    }
+  }
+  throw Error("the optimizer does not reference any FSDP parameters: create the optimizer after setting up the model");
+}
+
+double Strategy::clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, bool error_if_nonfinite) {
+  return optimizer.clip_grad_norm(max_norm, error_if_nonfinite);
+}
+
+void Strategy::barrier() { group().barrier(); }
+
+namespace {
+
+bool is_sharded_checkpoint(const fs::path& p) { return fs::is_directory(p) && fs::is_regular_file(p / ".metadata"); }
+
+struct Split {
+  std::string model_key;
+  FullyShardedSequential* model = nullptr;
+  std::string optimizer_key = "optimizer";
+  ShardedOptimizer* optimizer = nullptr;
+  std::vector<std::string> other;  ///< the keys of every other value
+};
+
+Split split(const State& state, const char* verb) {
+  Split s;
+  int models = 0, optimizers = 0;
+  for (const auto& [key, item] : state) {
+    if (auto* m = std::get_if<FullyShardedSequential*>(&item)) {
+      ++models;
+      s.model_key = key;
+      s.model = *m;
+    } else if (auto* o = std::get_if<ShardedOptimizer*>(&item)) {
+      ++optimizers;
+      s.optimizer_key = key;
+      s.optimizer = *o;
+    } else {
+      s.other.push_back(key);
+    }
+  }
+  if (models == 0 || !s.model) {
+    throw Error(std::string("could not find an FSDP model in the state to ") + verb +
+                ": pass it as part of the state, like {\"model\", &model}, after setting it up through the strategy");
+  }
+  if (models > 1) {
+    throw Error(std::string("found several FSDP models in the state: ") + verb +
+                " one model per checkpoint (call it for each model with a different path)");
+  }
+  if (optimizers > 1) throw Error(std::string("found several optimizers in the state: ") + verb + " one optimizer per checkpoint here");
+  return s;
+}
+
+/// `value` without the entries `keep` refuses, when it is a dict and a filter is given.
+pk::ValuePtr filtered(const pk::ValuePtr& value, const std::function<bool(const std::string&)>& keep) {
+  if (!keep || !value || !value->dict_items()) return value;
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> items;
+  for (const auto& [k, v] : *value->dict_items()) {
+    if (!k->str() || keep(*k->str())) items.emplace_back(k, v);
+  }
+  return pk::make_dict(std::move(items));
+}
+
+}  // namespace
+
+void Strategy::save_checkpoint(const fs::path& path, const State& state, const Filter& filter) {
+  const bool sharded = options_.state_dict_type == "sharded";
+  if (!filter.empty() && sharded) {
+    throw Error("filtering is not supported for sharded checkpoints (FSDP cannot load a filtered sharded checkpoint), so saving one is refused");
+  }
+  if (fs::is_directory(path) && !sharded && !is_sharded_checkpoint(path)) {
+    throw Error("the checkpoint path exists and is a directory: " + path.string());
+  }
+  const Split s = split(state, "save");
+  SaveOptions o;
+  o.model_key = s.model_key;
+  o.optimizer = s.optimizer;
+  o.optimizer_key = s.optimizer_key;
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> meta;
+  for (const auto& key : s.other) {
+    const auto f = filter.find(key);
+    meta.emplace_back(pk::make_str(key), filtered(std::get<pk::ValuePtr>(state.at(key)), f == filter.end() ? nullptr : f->second));
+  }
+  o.meta = pk::make_dict(std::move(meta));
+  if (s.optimizer && filter.count(s.optimizer_key)) throw Error("a filter on the optimizer's state is not supported");
+  if (const auto f = filter.find(s.model_key); f != filter.end()) o.model_filter = f->second;
+  ProcessGroup& g = group();
+  if (sharded) {
+    if (g.rank() == 0 && fs::is_regular_file(path)) fs::remove(path);
+    g.barrier();
+    save_sharded(path, *s.model, g, o);
+  } else {
+    if (g.rank() == 0 && is_sharded_checkpoint(path)) fs::remove_all(path);
+    g.barrier();
+    save_full(path, *s.model, g, o);
+  }
+}
+
+pk::ValuePtr Strategy::load_checkpoint(const fs::path& path, State& state, bool strict) {
+  if (state.empty()) {
+    throw Error("load_checkpoint needs a state with at least the model instance to reload, like {\"model\", &model}");
+  }
+  const Split s = split(state, "load");
+  if (!is_sharded_checkpoint(path) && !fs::is_regular_file(path)) {
+    throw Error("the path '" + path.string() +
+                "' does not point to a valid checkpoint: give a directory with FSDP checkpoint shards (and .metadata), or a single "
+                "file with a full checkpoint");
+  }
+  LoadOptions o;
+  o.model_key = s.model_key;
+  o.optimizer = s.optimizer;
+  o.optimizer_key = s.optimizer_key;
+  o.strict = strict;
+  const pk::ValuePtr meta = load_sharded(path, *s.model, group(), o);
+  // What was saved besides the model and the optimizer: meta.pt, or a full file's other entries.
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> rest;
+  if (meta && meta->dict_items()) {
+    for (const auto& [k, v] : *meta->dict_items()) {
+      if (k->str() && (*k->str() == s.model_key || (s.optimizer && *k->str() == s.optimizer_key))) continue;
+      rest.emplace_back(k, v);
+    }
+  }
+  for (const auto& key : s.other) {
+    auto it = std::find_if(rest.begin(), rest.end(), [&](const auto& kv) { return kv.first->str() && *kv.first->str() == key; });
+    if (it == rest.end()) {
+      if (strict) {
+        throw Error("the requested state contains a key '" + key + "' that does not exist in the loaded checkpoint " + path.string() +
+                    " (to disable strict loading, pass strict = false)");
+      }
+      continue;
+    }
+    state[key] = it->second;
+    rest.erase(it);
+  }
+  return pk::make_dict(std::move(rest));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+// fsdp::Strategy, the counterpart of Lightning Fabric's FSDPStrategy: every error of the seed's
+// table raised in the same situation (a world of one), and save_checkpoint/load_checkpoint with a
+// state of named objects (model, optimizer, other values) in both state-dict types, a filter,
+// strict and non-strict loading, at 2 ranks. Like the other fsdp tests, the binary runs itself as
+// the ranks of the multi-rank case.
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "fsdp/strategy.hpp"
+#include "launch.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace pk = ckpt::pickle;
+
+int failures = 0;
+#define EXPECT(cond)                                                          \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      std::cerr << __LINE__ << ": expected " #cond "\n";                      \
+      ++failures;                                                             \
+    }                                                                         \
+  } while (0)
+
+// `f` must throw fsdp::Error whose message contains `what`.
+void expect_error(const char* label, const std::function<void()>& f, const std::string& what) {
+  try {
+    f();
+    std::cerr << label << ": no error (expected one containing '" << what << "')\n";
+    ++failures;
+  } catch (const fsdp::Error& e) {
+    if (std::string(e.what()).find(what) == std::string::npos) {
+      std::cerr << label << ": the error '" << e.what() << "' does not contain '" << what << "'\n";
+      ++failures;
+    }
+  }
+}
+
+torch::nn::Sequential model(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(5, 7), torch::nn::Tanh(), torch::nn::Linear(7, 3));
+}
+
+std::map<std::string, std::string> environment() {
+  std::map<std::string, std::string> env;
+  for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) {
+    if (const char* v = std::getenv(k)) env[k] = v;
+  }
+  return env;
+}
+
+// A couple of AdamW steps, so that the optimizer has state worth saving.
+void train(fsdp::FullyShardedSequential& m, fsdp::ShardedOptimizer& opt, int rank, int world) {
+  for (int s = 0; s < 2; ++s) {
+    torch::manual_seed(static_cast<std::uint64_t>(50 + s));
+    torch::Tensor x = torch::randn({4, 5}), y = torch::randn({4, 3});
+    const int per = 4 / world;
+    opt.zero_grad();
+    m.backward(torch::mse_loss(m.forward(x.narrow(0, rank * per, per)), y.narrow(0, rank * per, per)));
+    opt.step(1e-2);
+  }
+}
+
+bool same_parameters(fsdp::FullyShardedSequential& a, fsdp::FullyShardedSequential& b) {
+  const auto x = a.full_state_dict(), y = b.full_state_dict();
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i].first != y[i].first || !x[i].second.equal(y[i].second)) return false;
+  }
+  return true;
+}
+
+void errors_table() {
+  auto opts = [] { return fsdp::registered_strategy("fsdp"); };
+  expect_error("unknown registered name", [] { fsdp::registered_strategy("ddp"); }, "unknown strategy 'ddp'");
+  expect_error("both activation-checkpointing arguments", [&] {
+    auto o = opts();
+    o.activation_checkpointing = [](const std::string&) { return true; };
+    o.activation_checkpointing_policy = [](const std::string&) { return true; };
+    fsdp::Strategy s(o);
+  }, "both activation_checkpointing and activation_checkpointing_policy");
+  expect_error("hybrid without policy, group or mesh", [&] {
+    auto o = opts();
+    o.sharding_strategy = "HYBRID_SHARD";
+    fsdp::Strategy s(o);
+  }, "requires at least one of the options auto_wrap_policy, process_group or device_mesh");
+  expect_error("unknown state_dict_type", [&] {
+    auto o = opts();
+    o.state_dict_type = "local";
+    fsdp::Strategy s(o);
+  }, "unknown state_dict_type: 'local'");
+  expect_error("device_mesh without HYBRID_SHARD", [&] {
+    auto o = opts();
+    o.device_mesh = std::pair{1, 1};
+    fsdp::Strategy s(o);
+  }, "only valid with the HYBRID_SHARD");
+  if (!fsdp::nccl_available()) {
+    expect_error("16-mixed without CUDA", [&] {
+      auto o = opts();
+      o.precision = "16-mixed";
+      fsdp::Strategy s(o);
+    }, "needs CUDA");
+  }
+
+  // A world of one, from an empty environment.
+  std::vector<std::string> warnings;
+  auto o = fsdp::registered_strategy("fsdp_cpu_offload");
+  o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  {
+    auto g = fsdp::registered_strategy("fsdp");
+    fsdp::Strategy probe(g);
+    probe.setup_environment({});
+    g.process_group = &probe.group();
+    g.sharding_strategy = "HYBRID_SHARD";
+    g.device_mesh = std::pair{1, 1};
+    expect_error("process_group with device_mesh", [&] { fsdp::Strategy s(g); }, "mutually exclusive");
+  }
+  fsdp::Strategy s(o);
+  s.setup_environment({});
+  EXPECT(warnings.size() == 1 && warnings[0].find("cpu_offload has no effect") != std::string::npos);
+  EXPECT(s.world_size() == 1 && s.global_rank() == 0);
+  auto raw = model(1);
+  torch::optim::SGD early(raw->parameters(), torch::optim::SGDOptions(0.1));
+  auto& m = s.setup_module(raw);
+  expect_error("an optimizer made before setup_module", [&] { s.setup_optimizer(early); }, "create the optimizer after setting up the model");
+  torch::optim::SGD late(m.parameters(), torch::optim::SGDOptions(0.1));
+  s.setup_optimizer(late);  // accepted
+  auto& opt = s.setup_optimizer(fsdp::OptimizerOptions{});
+  train(m, opt, 0, 1);
+
+  char tmpl[] = "/tmp/fsdp-strategy-XXXXXX";
+  const fs::path dir = ::mkdtemp(tmpl);
+  fs::create_directories(dir / "plain");
+  expect_error("no model in the state", [&] { s.save_checkpoint(dir / "a", {{"step", pk::make_int(1)}}); }, "could not find an FSDP model");
+  auto& m2 = s.setup_module(model(2));
+  expect_error("two models", [&] { s.save_checkpoint(dir / "a", {{"a", &m}, {"b", &m2}}); }, "found several FSDP models");
+  expect_error("a filter with a sharded save", [&] {
+    s.save_checkpoint(dir / "a", {{"model", &m}}, {{"model", [](const std::string&) { return true; }}});
+  }, "filtering is not supported for sharded checkpoints");
+  expect_error("load with an empty state", [&] {
+    fsdp::State none;
+    s.load_checkpoint(dir / "a", none);
+  }, "needs a state with at least the model");
+  expect_error("load from a path that is no checkpoint", [&] {
+    fsdp::State st{{"model", &m}};
+    s.load_checkpoint(dir / "plain", st);
+  }, "does not point to a valid checkpoint");
+
+  // A sharded save (meta.pt holds the other values) and its load into a fresh model and optimizer.
+  const pk::ValuePtr config = pk::make_dict({{pk::make_str("lr"), pk::make_float(0.01)}});
+  s.save_checkpoint(dir / "a", {{"model", &m}, {"optimizer", &opt}, {"step", pk::make_int(7)}, {"config", config}});
+  EXPECT(fs::is_regular_file(dir / "a" / ".metadata") && fs::is_regular_file(dir / "a" / "meta.pt"));
+  auto& m3 = s.setup_module(model(3));
+  auto& opt3 = s.setup_optimizer(fsdp::OptimizerOptions{});
+  fsdp::State st{{"model", &m3}, {"optimizer", &opt3}, {"step", pk::make_none()}};
+  const pk::ValuePtr rest = s.load_checkpoint(dir / "a", st);
+  EXPECT(same_parameters(m, m3));
+  EXPECT(opt3.steps() == 2 && opt3.buffer(0, "exp_avg").equal(opt.buffer(0, "exp_avg")));
+  EXPECT(std::get<pk::ValuePtr>(st["step"])->int64() == 7);
+  EXPECT(rest->dict_items() && rest->dict_items()->size() == 1 && *rest->dict_items()->front().first->str() == "config");
+  fsdp::State missing{{"model", &m3}, {"epoch", pk::make_none()}};
+  expect_error("a requested key the checkpoint lacks", [&] { s.load_checkpoint(dir / "a", missing); }, "a key 'epoch' that does not exist");
+  s.load_checkpoint(dir / "a", missing, /*strict=*/false);
+  EXPECT(std::get<pk::ValuePtr>(missing["epoch"])->is<pk::None>());
+
+  // Full: a filter keeps only the first layer; strict loading then misses the rest, non-strict
+  // keeps the model's own values for them.
+  auto full_opts = fsdp::registered_strategy("fsdp");
+  full_opts.state_dict_type = "full";
+  full_opts.process_group = &s.group();
+  fsdp::Strategy f(full_opts);
+  f.setup_environment({});
+  expect_error("a full save onto a directory", [&] { f.save_checkpoint(dir / "plain", {{"model", &m}}); }, "exists and is a directory");
+  f.save_checkpoint(dir / "a", {{"model", &m}, {"step", pk::make_int(8)}},
+                    {{"model", [](const std::string& fqn) { return fqn.rfind("0.", 0) == 0; }}});
+  EXPECT(fs::is_regular_file(dir / "a"));  // the sharded checkpoint there was replaced
+  auto& m4 = f.setup_module(model(4));
+  fsdp::State st4{{"model", &m4}};
+  expect_error("strict: a parameter the checkpoint lacks", [&] { f.load_checkpoint(dir / "a", st4); }, "'model.2.weight'");
+  auto& m5 = f.setup_module(model(4));
+  fsdp::State st5{{"model", &m5}};
+  const pk::ValuePtr rest5 = f.load_checkpoint(dir / "a", st5, /*strict=*/false);
+  const auto got = m5.full_state_dict(), mine = m.full_state_dict();
+  const auto init = model(4)->named_parameters();
+  EXPECT(got[0].second.equal(mine[0].second) && got[1].second.equal(mine[1].second));     // 0.weight, 0.bias: loaded
+  EXPECT(got[2].second.equal(init["2.weight"]) && got[3].second.equal(init["2.bias"]));  // kept
+  EXPECT(rest5->dict_items() && rest5->dict_items()->size() == 1);                         // step
+  // A sharded save over the file replaces it; strict loading refuses entries the model lacks.
+  s.save_checkpoint(dir / "a", {{"model", &m}});
+  EXPECT(fs::is_regular_file(dir / "a" / ".metadata"));
+  auto small = torch::nn::Sequential(torch::nn::Linear(5, 7));
+  auto& m6 = s.setup_module(small);
+  fsdp::State st6{{"model", &m6}};
+  expect_error("strict: entries the model lacks", [&] { s.load_checkpoint(dir / "a", st6); }, "that the model does not have");
+  s.load_checkpoint(dir / "a", st6, false);
+
+  // error_if_nonfinite: the gradients stay as they were.
+  opt.zero_grad();
+  m.backward(m.forward(torch::full({1, 5}, std::nan(""))).sum());
+  const torch::Tensor before = m.parameters()[0].grad().clone();
+  expect_error("a non-finite gradient norm", [&] { s.clip_gradients_norm(opt, 1.0); }, "cannot be clipped");
+  EXPECT(m.parameters()[0].grad().equal(before) || (before.isnan().all().item<bool>() && m.parameters()[0].grad().isnan().all().item<bool>()));
+  fs::remove_all(dir);
+}
+
+// One rank of the 2-rank case: save both kinds through the strategy, load into fresh models.
+int rank_main() {
+  auto base = fsdp::registered_strategy("fsdp");
+  base.timeout = std::chrono::seconds(60);
+  fsdp::Strategy joined(base);
+  joined.setup_environment(environment());
+  for (const char* type : {"sharded", "full"}) {
+    auto o = fsdp::registered_strategy("fsdp");
+    o.state_dict_type = type;
+    o.process_group = &joined.group();
+    fsdp::Strategy s(o);
+    s.setup_environment(environment());
+    auto& m = s.setup_module(model(1));
+    auto& opt = s.setup_optimizer(fsdp::OptimizerOptions{});
+    train(m, opt, s.global_rank(), s.world_size());
+    const fs::path path = fs::path(std::getenv("FSDP_TEST_DIR")) / type;
+    s.save_checkpoint(path, {{"model", &m}, {"optimizer", &opt}, {"step", pk::make_int(2)}});
+    auto& m2 = s.setup_module(model(2));
+    auto& opt2 = s.setup_optimizer(fsdp::OptimizerOptions{});
+    fsdp::State st{{"model", &m2}, {"optimizer", &opt2}, {"step", pk::make_none()}};
+    s.load_checkpoint(path, st);
+    EXPECT(same_parameters(m, m2));
+    EXPECT(opt2.steps() == 2 && opt2.buffer(0, "exp_avg_sq").equal(opt.buffer(0, "exp_avg_sq")));
+    EXPECT(std::get<pk::ValuePtr>(st["step"])->int64() == 2);
+    // The same next step from both.
+    train(m, opt, s.global_rank(), s.world_size());
+    train(m2, opt2, s.global_rank(), s.world_size());
+    EXPECT(same_parameters(m, m2));
+  }
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  if (argc == 3 && std::string(argv[1]) == "rank") {
+    try {
+      return rank_main();
+    } catch (const std::exception& e) {
+      std::cerr << "rank " << std::getenv("RANK") << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+  int passed = 0, failed = 0;
+  try {
+    errors_table();
+  } catch (const std::exception& e) {
+    std::cerr << "unexpected: " << e.what() << "\n";
+    ++failures;
+  }
+  std::cout << (failures ? "FAIL " : "ok   ") << "the seed's errors, a sharded and a full save with a filter, strict and non-strict loads (world of one)\n";
+  (failures ? failed : passed)++;
+  char tmpl[] = "/tmp/fsdp-strategy2-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ::setenv("FSDP_TEST_DIR", dir.c_str(), 1);
+  const bool ok = fsdp_test::launch_ranks("save-load", 2);
+  fs::remove_all(dir);
+  std::cout << (ok ? "ok   " : "FAIL ") << "save_checkpoint then load_checkpoint at 2 ranks, sharded and full: the same parameters, optimizer and next step\n";
+  (ok ? passed : failed)++;
+  std::cout << passed << " passed, " << failed << " failed\n";
+  return failed ? 1 : 0;
+}
