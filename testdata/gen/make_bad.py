@@ -290,6 +290,17 @@ for which, pick in (("tensor", lambda k: getattr(k, "offset", None) is not None)
 shutil.rmtree(base)
 shutil.rmtree(zbase)
 
+# ---- HDF5 (its structure read by libhdf5 in a child process) ---------------------------------
+# The fuzz corpus's seed (fsdp-ckpt-merge of testdata/dcp/torch113_2rank) cut short, and the
+# inputs on which fuzz_hdf5 found libhdf5 1.10 overflowing its heap.
+H5 = os.path.join(here, "..", "..", "tests", "fuzz", "corpus", "hdf5")
+h5seed = open(os.path.join(H5, "merged_torch113_2rank.h5"), "rb").read()
+write("h5_truncated_superblock.h5", h5seed[:48], "HDF5: only the superblock")
+write("h5_truncated_half.h5", h5seed[:len(h5seed) // 2], "HDF5: cut in half")
+for f in sorted(x for x in os.listdir(H5) if x.startswith("libhdf5-overflow-")):
+    write(f"h5_{f.replace('-', '_')}", open(os.path.join(H5, f), "rb").read(),
+          f"HDF5: libhdf5 1.10 overflows its heap reading it (found by fuzz_hdf5: tests/fuzz/corpus/hdf5/{f})")
+
 with open(os.path.join(out, "MANIFEST.tsv"), "w") as f:
     f.write("entry\texpect\twhat is wrong\n")
     for name, expect, what in manifest:

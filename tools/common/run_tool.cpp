@@ -7,6 +7,7 @@
 #include "ckpt/copy.hpp"
 
 #include "ckpt/error.hpp"
+#include "ckpt/ops/inspect.hpp"
 
 namespace fsdp_tools {
 
@@ -14,10 +15,11 @@ int run_tool(std::string_view program, const std::function<int()>& body) {
   try {
     return body();
   } catch (const ckpt::Error& e) {
-    std::cerr << program << ": error: " << e.what() << "\n";
+    // Messages quote what files hold: printed escaped (ckpt::escape_name), one line each.
+    std::cerr << program << ": error: " << ckpt::escape_name(e.what()) << "\n";
     if (e.kind() == ckpt::ErrorKind::kCancelled) return 130;
   } catch (const std::exception& e) {
-    std::cerr << program << ": error: " << e.what() << "\n";
+    std::cerr << program << ": error: " << ckpt::escape_name(e.what()) << "\n";
   }
   return 1;
 }

@@ -325,3 +325,15 @@ TEST_CASE("streamed .metadata: the index is the same in either dict order and wi
   CHECK(dropped == index_of(ckpt::open_dcp(dir.path(), ckpt::MetaTrees::kKeep)));
   CHECK(dropped.find("unreferenced model.w") != std::string::npos);
 }
+
+TEST_CASE("escape_name escapes control characters and bytes that are not UTF-8", "[ckpt][inspect]") {
+  CHECK(ckpt::escape_name("model.0.weight") == "model.0.weight");
+  CHECK(ckpt::escape_name("a\nb\\c\x1b[2J") == "a\\nb\\\\c\\x1b[2J");
+  CHECK(ckpt::escape_name("\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") == "\xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");  // é, €, an emoji
+  CHECK(ckpt::escape_name("float3\xa9") == "float3\\xa9");          // a lone continuation byte
+  CHECK(ckpt::escape_name("\xc3") == "\\xc3");                      // cut short
+  CHECK(ckpt::escape_name("\xc0\xaf") == "\\xc0\\xaf");             // overlong '/'
+  CHECK(ckpt::escape_name("\xed\xa0\x80") == "\\xed\\xa0\\x80");    // a surrogate
+  CHECK(ckpt::escape_name("\xf5\x80\x80\x80") == "\\xf5\\x80\\x80\\x80");  // past U+10FFFF
+  CHECK(ckpt::escape_name("\x7f") == "\\x7f");
+}

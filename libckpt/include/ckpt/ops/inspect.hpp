@@ -62,8 +62,8 @@ struct DiffOptions {
 /// max-rel difference. Returns true when A and B are equal within tolerance.
 bool diff(const DiffOptions& options, std::ostream& out, Progress& progress = no_progress());
 
-/// `name` with control characters and backslashes escaped (\n, \x1b, \\), so that a hostile name
-/// cannot move the cursor or forge lines.
+/// `name` with control characters, backslashes and bytes that are not UTF-8 escaped (\n, \x1b,
+/// \\, \xa9), so that a hostile name cannot move the cursor, forge lines or garble the output.
 std::string escape_name(std::string_view name);
 
 }  // namespace ckpt
