@@ -344,6 +344,18 @@ void FullyShardedSequential::set_activation_checkpointing(std::function<bool(con
   for (const auto& child : model_->named_children()) checkpointed_.push_back(which && which(child.key()));
 }
 
+FullyShardedSequential::Bytes FullyShardedSequential::bytes() const {
+  Bytes b;
+  for (const auto& unit : units_) {
+    if (!unit) continue;
+    const torch::Tensor& s = unit->shard();
+    b.parameters += s.numel() * static_cast<std::int64_t>(s.element_size());
+    if (s.grad().defined()) b.gradients += s.grad().numel() * static_cast<std::int64_t>(s.grad().element_size());
+    for (const auto& p : unit->params()) b.unsharded_parameters += p.numel * static_cast<std::int64_t>(s.element_size());
+  }
+  return b;
+}
+
 void FullyShardedSequential::release() {
   for (auto& unit : units_) {
     if (unit) unit->release();

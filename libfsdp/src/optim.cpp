@@ -60,6 +60,14 @@ double ShardedOptimizer::clip_grad_norm(double max_norm, bool error_if_nonfinite
   return norm;
 }
 
+std::int64_t ShardedOptimizer::state_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& per_unit : buffers_) {
+    for (const auto& [name, t] : per_unit) n += t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
+  }
+  return n;
+}
+
 void ShardedOptimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;

@@ -175,6 +175,20 @@ def hybrid_shard():
     assert "--device-mesh is HYBRID_SHARD's" in r.stderr, r.stderr
 
 
+def sharding_is_real():
+    # What rank 0 holds after training, against one unsharded copy: about 1/W of it sharded
+    # (a generous bound: units are padded to a multiple of W), all of it under NO_SHARD.
+    import re
+    for strategy, nproc, want in (("FULL_SHARD", 2, 0.5), ("SHARD_GRAD_OP", 4, 0.25), ("NO_SHARD", 2, 1.0)):
+        out = train("--steps", "2", "--batch-size", "2", "--sharding-strategy", strategy, nproc=nproc).stdout
+        m = re.search(r"holds parameters (\d+) B, gradients (\d+) B, optimizer state (\d+) B; unsharded (\d+) / (\d+) / (\d+) B", out)
+        assert m, out
+        held, full = [int(x) for x in m.groups()[:3]], [int(x) for x in m.groups()[3:]]
+        print(f"     {strategy} at {nproc} ranks: rank 0 holds {held} of {full} bytes (parameters, gradients, optimizer state)")
+        for h, f in zip(held, full):
+            assert want * f <= h <= want * f * 1.1 + 64 * 4, (strategy, nproc, held, full)
+
+
 def accumulation():
     one, acc = os.path.join(work, "acc1.jsonl"), os.path.join(work, "acc2.jsonl")
     train("--steps", "6", "--batch-size", "8", "--log-jsonl", one)
@@ -446,6 +460,7 @@ check("full_state_dict", full_state_dict)
 check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
 check("hybrid_shard", hybrid_shard)
+check("sharding_is_real", sharding_is_real)
 check("accumulation_no_sync", accumulation)
 check("precision", precision)
 check("activation_checkpointing", activation_checkpointing)

@@ -244,6 +244,15 @@ class Trainer {
       if (rank_ == 0) {
         clear_bar();
         std::cout << s << std::endl;
+        // Sharding is real: what this rank holds against what one unsharded copy would.
+        const fsdp::FullyShardedSequential::Bytes b = fsdp_.bytes();
+        const std::int64_t state = opt_.state_bytes(), buffers = static_cast<std::int64_t>(opt_.buffer_names().size());
+        std::snprintf(buf, sizeof buf,
+                      "rank 0 holds parameters %lld B, gradients %lld B, optimizer state %lld B; unsharded %lld / %lld / %lld B",
+                      static_cast<long long>(b.parameters), static_cast<long long>(b.gradients), static_cast<long long>(state),
+                      static_cast<long long>(b.unsharded_parameters), static_cast<long long>(b.unsharded_parameters),
+                      static_cast<long long>(b.unsharded_parameters * buffers));
+        std::cout << buf << std::endl;
       }
     } else {
       say("nothing to do: the checkpoint is at step " + std::to_string(start) + " and --steps is " + std::to_string(c_.steps));

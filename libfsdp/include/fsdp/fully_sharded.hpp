@@ -136,6 +136,12 @@ class FullyShardedSequential {
   /// Every parameter's full value by FQN, in the model's order (gathered from every rank; a
   /// collective, so every rank calls it).
   std::vector<std::pair<std::string, torch::Tensor>> full_state_dict();
+  /// Bytes of parameters and gradients this rank holds between steps (its shards and their
+  /// gradients), and of the whole model's parameters unsharded: that sharding is real.
+  struct Bytes {
+    std::int64_t parameters = 0, gradients = 0, unsharded_parameters = 0;
+  };
+  Bytes bytes() const;
   /// Frees every unit's full values (after a forward without backward, an evaluation, so that the
   /// next forward gathers what the optimizer has stepped since).
   void release();

@@ -55,6 +55,8 @@ class ShardedOptimizer {
   /// Unit `unit`'s buffer `name`: a tensor laid out as that unit's shard() (created as zeros when
   /// first asked for, so that a loaded state can be copied in).
   torch::Tensor& buffer(std::size_t unit, const std::string& name);
+  /// Bytes of optimizer state this rank holds (its buffers, laid out as its shards).
+  std::int64_t state_bytes() const;
 
  private:
   FullyShardedSequential& model_;
