@@ -103,20 +103,33 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   }
 }
 
+void FlatUnit::set_param_dtype(std::optional<c10::ScalarType> dtype) {
+  release();
+  const bool was = full_.defined();  // NO_SHARD's views of the shard
+  param_dtype_ = dtype && *dtype != shard_.scalar_type() ? dtype : std::nullopt;
+  if (was && param_dtype_) {
+    full_ = torch::Tensor();
+    gather();
+  }
+}
+
 void FlatUnit::gather() {
   if (full_.defined()) return;
   torch::NoGradGuard no_grad;
+  const torch::Tensor mine = param_dtype_ ? shard_.detach().to(*param_dtype_) : shard_.detach();
   if (strategy_ == ShardingStrategy::kNoShard) {
-    full_ = shard_.detach();
+    full_ = mine;  // without a param dtype: the very tensor the optimizer steps
   } else {
-    full_ = torch::empty({padded_}, shard_.options().requires_grad(false));
-    group_.all_gather(full_, shard_.detach());
+    full_ = torch::empty({padded_}, mine.options().requires_grad(false));
+    group_.all_gather(full_, mine);
   }
   for (Param& p : params_) p.tensor.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
 }
 
 void FlatUnit::release() {
-  if (strategy_ == ShardingStrategy::kNoShard || !full_.defined()) return;
+  // NO_SHARD computes with views of the shard itself, unless they are a cast copy, which goes stale
+  // when the optimizer steps.
+  if ((strategy_ == ShardingStrategy::kNoShard && !param_dtype_) || !full_.defined()) return;
   // The Parameters keep their identity (autograd's saved references see the next gather) but no
   // storage of their own.
   for (Param& p : params_) p.tensor.set_data(torch::empty({0}, shard_.options().requires_grad(false)));
@@ -210,6 +223,13 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
   if (strategy == ShardingStrategy::kHybridShard && !replicate) {
     throw Error("HYBRID_SHARD needs a device mesh (replicas x shards): construct with a DeviceMesh");
   }
+  if (!mixed_.reduce_dtype) mixed_.reduce_dtype = mixed_.param_dtype;  // FSDP's default
+  if (mixed_.buffer_dtype) {
+    torch::NoGradGuard no_grad;
+    for (auto& b : model_->buffers(true)) {
+      if (b.is_floating_point()) b.set_data(b.to(*mixed_.buffer_dtype));
+    }
+  }
   const auto children = model_->named_children();
   // Which group each child with parameters joins: groups[g] lists (name, module) in child order.
   std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> groups;
@@ -246,6 +266,7 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
   std::vector<FlatUnit*> made;
   for (const auto& members : groups) {
     units_.push_back(std::make_unique<FlatUnit>(members, shard_group_, strategy_, replicate_));
+    units_.back()->set_param_dtype(mixed_.param_dtype);
     made.push_back(units_.back().get());
   }
   for (std::size_t i = 0; i < children.size(); ++i) child_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
@@ -262,6 +283,8 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
 }
 
 torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
+  // FSDP casts the root's floating-point input to the parameter dtype.
+  if (mixed_.param_dtype && x.is_floating_point()) x = x.to(*mixed_.param_dtype);
   // A unit is gathered when its first child runs and, under FULL_SHARD, freed after its last; the
   // unit whose last child runs last is the first backward needs, so it stays gathered from forward
   // into backward, as PyTorch FSDP keeps the root's (no gather freed and redone).
@@ -375,10 +398,9 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
     if (!unit) continue;
-    const bool was = unit->gathered();
-    unit->gather();
-    for (const auto& p : unit->params()) out.emplace_back(p.fqn, p.tensor.detach().clone());
-    if (!was) unit->release();
+    // In the shards' own precision (not a param_dtype's), as FSDP's state dict is.
+    std::vector<torch::Tensor> values = unit->unflatten(unit->shard().detach());
+    for (std::size_t i = 0; i < values.size(); ++i) out.emplace_back(unit->params()[i].fqn, std::move(values[i]));
   }
   // In the model's order (a wrap policy's root unit holds children from both ends).
   std::map<std::string, std::size_t> order;

@@ -50,6 +50,40 @@ std::vector<std::pair<std::string, torch::Tensor>> reference() {
   return out;
 }
 
+// The same with FSDP's param_dtype bfloat16 at world size `world`: float32 master parameters,
+// each rank's part of the batch run on a bfloat16 copy of them, the gradients averaged in
+// bfloat16 (the reduce dtype follows the parameter dtype), then cast back for SGD.
+std::vector<std::pair<std::string, torch::Tensor>> reference_param_dtype(int world) {
+  auto m = model();
+  const int per = kBatch / world;
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    std::vector<torch::Tensor> sum;
+    for (int r = 0; r < world; ++r) {
+      auto low = model();
+      {
+        torch::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < low->parameters().size(); ++i) {
+          low->parameters()[i].set_data(m->parameters()[i].detach().to(torch::kBFloat16));
+        }
+      }
+      torch::mse_loss(low->forward(x.narrow(0, r * per, per).to(torch::kBFloat16)).to(torch::kFloat), y.narrow(0, r * per, per)).backward();
+      for (std::size_t i = 0; i < low->parameters().size(); ++i) {
+        const torch::Tensor g = low->parameters()[i].grad().to(torch::kFloat);
+        if (sum.size() <= i) sum.push_back(g);
+        else sum[i] = sum[i] + g;
+      }
+    }
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      m->parameters()[i].sub_(sum[i].to(torch::kBFloat16).div(world).to(torch::kFloat), 0.1);
+    }
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& p : m->named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
+  return out;
+}
+
 // An identity that counts its forwards: under activation checkpointing it runs twice a step.
 struct CounterImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
@@ -72,8 +106,12 @@ int rank_main(const std::string& strategy) {
   // FSDP_TEST_MESH=R,S: a device mesh of R replicas of S shards (HYBRID_SHARD).
   std::unique_ptr<fsdp::DeviceMesh> mesh;
   if (const char* m = std::getenv("FSDP_TEST_MESH")) mesh = std::make_unique<fsdp::DeviceMesh>(pg, std::atoi(m), std::atoi(std::strchr(m, ',') + 1));
-  fsdp::FullyShardedSequential m = mesh ? fsdp::FullyShardedSequential(seq, *mesh, fsdp::sharding_strategy_from_string(strategy))
-                                        : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy));
+  // FSDP_TEST_PARAM_DTYPE: MixedPrecision(param_dtype=bfloat16).
+  const bool low = std::getenv("FSDP_TEST_PARAM_DTYPE") != nullptr;
+  fsdp::MixedPrecision mixed;
+  if (low) mixed.param_dtype = torch::kBFloat16;
+  fsdp::FullyShardedSequential m = mesh ? fsdp::FullyShardedSequential(seq, *mesh, fsdp::sharding_strategy_from_string(strategy), mixed)
+                                        : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy), mixed);
   if (checkpointing) m.set_activation_checkpointing([](const std::string&) { return true; });
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.1));
   const int per = kBatch / pg.size();
@@ -86,6 +124,20 @@ int rank_main(const std::string& strategy) {
     auto [x, y] = batch(s);
     opt.zero_grad();
     auto out = m.forward(x.narrow(0, pg.rank() * per, per));
+    if (low) {
+      // Computed with bfloat16 parameters; the optimizer's shards stay float32.
+      for (const auto& u : m.units()) {
+        if (u && u->gathered() && u->params().front().tensor.scalar_type() != torch::kBFloat16) {
+          std::cerr << "rank " << pg.rank() << ": a gathered unit is not in bfloat16\n";
+          return 1;
+        }
+        if (u && u->shard().scalar_type() != torch::kFloat) {
+          std::cerr << "rank " << pg.rank() << ": a shard is not float32\n";
+          return 1;
+        }
+      }
+      out = out.to(torch::kFloat);
+    }
     // FULL_SHARD holds no full parameters between forward and backward but the last unit's (the
     // first backward needs, as FSDP keeps the root's); SHARD_GRAD_OP keeps them all
     const fsdp::FlatUnit* last = nullptr;
@@ -120,7 +172,7 @@ int rank_main(const std::string& strategy) {
   if (const char* dir = std::getenv("FSDP_TEST_SAVE_DIR")) fsdp::save_sharded(dir, m, pg);
   if (to != kSteps) return 0;  // the first half of a resumed run: nothing to compare yet
   const auto got = m.full_state_dict();
-  const auto want = reference();
+  const auto want = low ? reference_param_dtype(pg.size()) : reference();
   int bad = 0;
   if (got.size() != want.size()) bad = 1;
   for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
@@ -210,6 +262,13 @@ int main(int argc, char** argv) {
     // size 3 (SHARD_GRAD_OP) for the last 2 steps; equal to 5 single-process steps.
     const bool ok = save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3);
     std::cout << (ok ? "ok   " : "FAIL ") << "3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps\n";
+    (ok ? passed : failed)++;
+  }
+  for (const char* strategy : {"FULL_SHARD", "NO_SHARD"}) {
+    ::setenv("FSDP_TEST_PARAM_DTYPE", "1", 1);
+    const bool ok = fsdp_test::launch_ranks(strategy, 2);
+    ::unsetenv("FSDP_TEST_PARAM_DTYPE");
+    std::cout << (ok ? "ok   " : "FAIL ") << strategy << " at world size 2 with param_dtype bfloat16 (float32 shards) equals the same arithmetic in one process\n";
     (ok ? passed : failed)++;
   }
   {

@@ -189,6 +189,22 @@ def sharding_is_real():
             assert want * f <= h <= want * f * 1.1 + 64 * 4, (strategy, nproc, held, full)
 
 
+def param_dtype():
+    # MixedPrecision(param_dtype=bfloat16): computed in bfloat16 (the losses are bfloat16's, close
+    # to float32's but not equal), the shards, optimizer and checkpoint float32.
+    ref, low = os.path.join(work, "pd32.jsonl"), os.path.join(work, "pdbf16.jsonl")
+    d = os.path.join(work, "pd")
+    train("--steps", "8", "--batch-size", "4", "--log-jsonl", ref, nproc=2)
+    train("--steps", "8", "--batch-size", "4", "--param-dtype", "bfloat16", "--log-jsonl", low, "--ckpt-dir", d, nproc=2)
+    lr, ll = losses(ref), losses(low)
+    assert sorted(ll) == sorted(lr), (sorted(lr), sorted(ll))
+    bad = [(s, lr[s], ll[s]) for s in lr if not close(lr[s], ll[s], 2e-2)]
+    assert not bad, f"bfloat16 compute strays too far: {bad}"
+    assert any(lr[s] != ll[s] for s in lr), "the losses equal float32's: the parameters were not gathered in bfloat16"
+    j = json.loads(subprocess.run([a.inspect, "--json", os.path.join(d, "step-00000008")], capture_output=True, text=True, check=True).stdout)
+    assert {e["dtype"] for e in j["entries"] if e["kind"] == "tensor"} == {"float32"}, {e["dtype"] for e in j["entries"]}
+
+
 def accumulation():
     one, acc = os.path.join(work, "acc1.jsonl"), os.path.join(work, "acc2.jsonl")
     train("--steps", "6", "--batch-size", "8", "--log-jsonl", one)
@@ -461,6 +477,7 @@ check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
 check("hybrid_shard", hybrid_shard)
 check("sharding_is_real", sharding_is_real)
+check("param_dtype", param_dtype)
 check("accumulation_no_sync", accumulation)
 check("precision", precision)
 check("activation_checkpointing", activation_checkpointing)

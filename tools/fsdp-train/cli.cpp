@@ -68,6 +68,13 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "32-true; bf16-mixed (fp32 parameters and optimizer, bfloat16 autocast compute and gradient reduction, "
                   "as Lightning's); bf16-true (the model itself in bfloat16)")
       ->check(CLI::IsMember({"32-true", "bf16-mixed", "bf16-true"}))->group(s);
+  const auto dtypes = CLI::IsMember({"float32", "bfloat16", "float16"});
+  app->add_option("--param-dtype", c.param_dtype,
+                  "FSDP's MixedPrecision param_dtype: gather and compute with the parameters in this dtype while the shards "
+                  "the optimizer steps keep theirs (float32, bfloat16, float16)")->check(dtypes)->group(s);
+  app->add_option("--reduce-dtype", c.reduce_dtype, "reduce gradients in this dtype (default: --param-dtype's, else --precision's)")
+      ->check(dtypes)->group(s);
+  app->add_option("--buffer-dtype", c.buffer_dtype, "cast the model's buffers to this dtype")->check(dtypes)->group(s);
   app->add_option("--auto-wrap", c.auto_wrap,
                   "FSDP units: children (each top-level module: embed, every block, head), block (each block; embed and head "
                   "share the root unit), or N (consecutive modules grouped until a unit holds N parameters)")

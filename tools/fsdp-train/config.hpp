@@ -36,6 +36,8 @@ struct TrainConfig {
   std::string sharding_strategy = "FULL_SHARD";
   std::string device_mesh;  ///< "R,S" (HYBRID_SHARD: R replicas of S shards); empty: one replica per node
   std::string precision = "32-true";  ///< 32-true, bf16-mixed (autocast, bf16 reduction), bf16-true (a bf16 model)
+  /// FSDP's MixedPrecision given explicitly (empty: from --precision): float32, bfloat16, float16.
+  std::string param_dtype, reduce_dtype, buffer_dtype;
   bool activation_checkpointing = false;  ///< gpt: every block
   std::string auto_wrap = "children";  ///< children, block, or a parameter count
   std::string backend = "gloo";

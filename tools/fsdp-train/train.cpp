@@ -110,6 +110,9 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   put("sharding_strategy", pk::make_str(c.sharding_strategy));
   if (!c.device_mesh.empty()) put("device_mesh", pk::make_str(c.device_mesh));
   put("precision", pk::make_str(c.precision));
+  for (const auto& [k, v] : {std::pair{"param_dtype", &c.param_dtype}, {"reduce_dtype", &c.reduce_dtype}, {"buffer_dtype", &c.buffer_dtype}}) {
+    if (!v->empty()) put(k, pk::make_str(*v));
+  }
   return pk::make_dict(std::move(d));
 }
 
@@ -287,6 +290,17 @@ class Trainer {
   static fsdp::MixedPrecision mixed_precision(const TrainConfig& c) {
     fsdp::MixedPrecision mp;
     if (c.precision != "32-true") mp.reduce_dtype = torch::kBFloat16;
+    // Explicit dtypes win over the precision's, as an explicit MixedPrecision does in Lightning.
+    auto dtype = [](const std::string& name) -> std::optional<c10::ScalarType> {
+      if (name.empty()) return std::nullopt;
+      return name == "bfloat16" ? torch::kBFloat16 : name == "float16" ? torch::kHalf : torch::kFloat;
+    };
+    if (auto d = dtype(c.param_dtype)) {
+      mp.param_dtype = d;
+      if (c.reduce_dtype.empty()) mp.reduce_dtype.reset();  // then the parameter dtype's, as FSDP's default
+    }
+    if (auto d = dtype(c.reduce_dtype)) mp.reduce_dtype = d;
+    if (auto d = dtype(c.buffer_dtype)) mp.buffer_dtype = d;
     return mp;
   }
 

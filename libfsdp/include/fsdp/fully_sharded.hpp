@@ -53,8 +53,13 @@ class FlatUnit {
   FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy,
            ProcessGroup* replicate = nullptr);
 
-  /// Points the module's parameters at the full values (all-gathered unless already there).
+  /// Points the module's parameters at the full values (all-gathered unless already there), in
+  /// the parameter dtype when one is set.
   void gather();
+  /// FSDP's param_dtype: the full values are gathered (and computed with) in `dtype` while the
+  /// shard, which the optimizer steps, keeps its own (half the all-gather bytes for bfloat16 over
+  /// float32). Their gradients are cast back to the shard's dtype.
+  void set_param_dtype(std::optional<c10::ScalarType> dtype);
   /// Frees the full values (not with NO_SHARD).
   void release();
   /// The module's gradients, averaged over ranks, into shard().grad() (this rank's slice); the
@@ -88,17 +93,22 @@ class FlatUnit {
   ProcessGroup& group_;
   ProcessGroup* replicate_;
   ShardingStrategy strategy_;
+  std::optional<c10::ScalarType> param_dtype_;  ///< set and not the shard's: the full values are a cast copy
   std::vector<Param> params_;
   std::int64_t total_ = 0, padded_ = 0;
   torch::Tensor shard_, full_;
 };
 
-/// FSDP's MixedPrecision, the part libfsdp implements: gradients are cast to `reduce_dtype` for
-/// the reduction (half the bytes on the wire for bfloat16) and back to the shard's dtype after. The
-/// compute dtype is the caller's: autocast (Lightning's "bf16-mixed"), or a model converted before
-/// wrapping ("bf16-true").
+/// FSDP's MixedPrecision. param_dtype: parameters are gathered and computed with in it, the
+/// shards (what the optimizer steps) keep theirs. reduce_dtype: gradients are cast to it for the
+/// reduction (half the bytes on the wire for bfloat16) and back to the shard's dtype after; unset,
+/// it is param_dtype's (as FSDP's). buffer_dtype: the model's buffers are cast to it. Lightning's
+/// "bf16-mixed" is reduce and buffer bfloat16 with float32 parameters and autocast compute
+/// (the caller's), "bf16-true" a model converted before wrapping.
 struct MixedPrecision {
+  std::optional<c10::ScalarType> param_dtype;
   std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> buffer_dtype;
 };
 
 /// Which children of the Sequential become FSDP units (FSDP's auto_wrap_policy). The default:
