@@ -135,8 +135,9 @@ torch::Tensor read_full(const ckpt::Checkpoint& c, const ckpt::ChunkReader& read
 }
 
 // The optimizer state parameter by parameter, in the model's order: `step` (AdamW, a 0-d float32)
-// and then every buffer as a full tensor. Gathering a buffer is a collective, so every rank calls
-// this; `fn(param_fqn, {(name, tensor)...})` runs on every rank.
+// and then every buffer as a full tensor; a tied parameter once, under its first name (as
+// torch.optim sees it: model.parameters() yields it once). Gathering a buffer is a collective, so
+// every rank calls this; `fn(param_fqn, {(name, tensor)...})` runs on every rank.
 template <class Fn>
 void for_each_param_state(FullyShardedSequential& model, ShardedOptimizer& optimizer, Fn&& fn) {
   const bool has_step = optimizer.options().kind == OptimizerKind::kAdamW;
@@ -146,12 +147,24 @@ void for_each_param_state(FullyShardedSequential& model, ShardedOptimizer& optim
     std::map<std::string, std::vector<torch::Tensor>> full;  // buffer -> per parameter
     for (const auto& b : optimizer.buffer_names()) full[b] = unit->unflatten(optimizer.buffer(u, b));  // collectives
     for (std::size_t i = 0; i < unit->params().size(); ++i) {
+      if (unit->params()[i].alias_of >= 0) continue;
       std::vector<std::pair<std::string, torch::Tensor>> state;
       if (has_step) state.emplace_back("step", torch::tensor(static_cast<float>(optimizer.steps())));
       for (auto& [b, values] : full) state.emplace_back(b, values[i]);
       fn(unit->params()[i].fqn, state);
     }
   }
+}
+
+/// The names param_groups lists: each parameter once (a tied one under its first name).
+bool optimized(const FullyShardedSequential& model, const std::string& fqn) {
+  for (const auto& unit : model.units()) {
+    if (!unit) continue;
+    for (const auto& p : unit->params()) {
+      if (p.fqn == fqn) return p.alias_of < 0;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -173,7 +186,7 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   for (const auto& [name, t] : model.full_state_dict()) {  // a collective
     tensors.push_back(chunked(o.model_key + "." + name, t, piece, pieces));
     options.planner_data[tensors.back().fqn] = path_of({o.model_key, name});
-    fqns.push_back(name);
+    if (optimized(model, name)) fqns.push_back(name);
   }
   if (o.optimizer) {
     const std::string& key = o.optimizer_key;
@@ -223,7 +236,7 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
   for (const auto& [name, t] : model.full_state_dict()) {  // a collective
     if (!kept(name)) continue;
     if (writer) model_items.emplace_back(pk::make_str(name), tensor_value(t));
-    fqns.push_back(name);
+    if (optimized(model, name)) fqns.push_back(name);
   }
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> root;
   if (o.meta && o.meta->dict_items()) root = *o.meta->dict_items();
@@ -287,7 +300,9 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       for (const auto& b : o.optimizer->buffer_names()) {
         std::vector<torch::Tensor> moments;
         for (const auto& p : unit->params()) {
-          moments.push_back(read_full(c, reader, o.optimizer_key + ".state." + p.fqn + "." + b, p.shape, who).to(unit->shard().scalar_type()));
+          moments.push_back(p.alias_of >= 0 ? moments[static_cast<std::size_t>(p.alias_of)]
+                                            : read_full(c, reader, o.optimizer_key + ".state." + p.fqn + "." + b, p.shape, who)
+                                                  .to(unit->shard().scalar_type()));
         }
         o.optimizer->buffer(u, b).copy_(unit->flatten_slice(moments));
       }

@@ -76,12 +76,20 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   std::vector<torch::Tensor> flat;
   const std::string name = members.empty() ? std::string() : members.front().first;
   std::optional<c10::ScalarType> dtype;
+  std::map<const void*, std::size_t> seen;  // a Parameter met again under another name is an alias
   for (const auto& [prefix, module] : members) {
     for (auto& item : module->named_parameters(/*recurse=*/true)) {
       torch::Tensor p = item.value();
+      std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
+      if (auto it = seen.find(p.unsafeGetTensorImpl()); it != seen.end()) {
+        const Param& first = params_[it->second];
+        params_.push_back({std::move(fqn), p, first.shape, first.offset, first.numel, static_cast<int>(it->second)});
+        continue;
+      }
+      seen.emplace(p.unsafeGetTensorImpl(), params_.size());
       if (!dtype) dtype = p.scalar_type();
       if (p.scalar_type() != *dtype) throw Error("unit '" + name + "' mixes parameter dtypes; flatten needs one dtype");
-      params_.push_back({prefix.empty() ? item.key() : prefix + "." + item.key(), p, p.sizes().vec(), total_, p.numel()});
+      params_.push_back({std::move(fqn), p, p.sizes().vec(), total_, p.numel()});
       total_ += p.numel();
       flat.push_back(p.detach().reshape({-1}));
     }
@@ -263,6 +271,40 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
     groups[static_cast<std::size_t>(g)].emplace_back(children[i].key(), m);
     group_of[i] = g;
   }
+  // A Parameter that two groups share (a tied head: the embedding's weight) must live in one unit,
+  // as FSDP requires: such groups merge, their children kept in model order.
+  std::vector<int> parent(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) parent[g] = static_cast<int>(g);
+  auto find = [&](int g) {
+    while (parent[static_cast<std::size_t>(g)] != g) g = parent[static_cast<std::size_t>(g)];
+    return g;
+  };
+  std::map<const void*, int> owner;
+  bool merged = false;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& member : groups[g]) {
+      for (const auto& p : member.second->parameters(true)) {
+        auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), static_cast<int>(g));
+        const int a = find(it->second), b = find(static_cast<int>(g));
+        if (!fresh && a != b) {
+          parent[static_cast<std::size_t>(std::max(a, b))] = std::min(a, b);
+          merged = true;
+        }
+      }
+    }
+  }
+  if (merged) {
+    std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> joined;
+    std::map<int, int> index;  // root group -> joined group, numbered by first child
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      if (group_of[i] < 0) continue;
+      auto [it, fresh] = index.emplace(find(group_of[i]), static_cast<int>(joined.size()));
+      if (fresh) joined.emplace_back();
+      joined[static_cast<std::size_t>(it->second)].emplace_back(children[i].key(), children[i].value().get());
+      group_of[i] = it->second;
+    }
+    groups = std::move(joined);
+  }
   std::vector<FlatUnit*> made;
   for (const auto& members : groups) {
     units_.push_back(std::make_unique<FlatUnit>(members, shard_group_, strategy_, replicate_));
@@ -374,7 +416,9 @@ FullyShardedSequential::Bytes FullyShardedSequential::bytes() const {
     const torch::Tensor& s = unit->shard();
     b.parameters += s.numel() * static_cast<std::int64_t>(s.element_size());
     if (s.grad().defined()) b.gradients += s.grad().numel() * static_cast<std::int64_t>(s.grad().element_size());
-    for (const auto& p : unit->params()) b.unsharded_parameters += p.numel * static_cast<std::int64_t>(s.element_size());
+    for (const auto& p : unit->params()) {
+      if (p.alias_of < 0) b.unsharded_parameters += p.numel * static_cast<std::int64_t>(s.element_size());
+    }
   }
   return b;
 }

@@ -109,11 +109,14 @@ class Head(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def gpt(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=256):
+def gpt(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=256, tie_weights=False):
     parts = [("embed", Embed(vocab_size, block_size, n_embd))]
     parts += [(f"block{i}", Block(n_embd, n_head)) for i in range(n_layer)]
     parts.append(("head", Head(n_embd, vocab_size)))
-    return nn.Sequential(OrderedDict(parts))
+    model = nn.Sequential(OrderedDict(parts))
+    if tie_weights:  # nanoGPT's weight tying: one Parameter, two names in the state dict
+        model.head.lm_head.weight = model.embed.wte.weight
+    return model
 
 
 def loss(model, x, y):

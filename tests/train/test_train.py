@@ -64,29 +64,36 @@ def close(x, y, rel):
     return abs(x - y) <= rel * max(abs(x), abs(y), 1e-12)
 
 
-def pytorch_equivalence():
-    d = os.path.join(work, "eq")
-    train("--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d, nproc=2)
+def pytorch_equivalence(tied=False):
+    extra = ("--tie-weights",) if tied else ()
+    d = os.path.join(work, "eq-tied" if tied else "eq")
+    train("--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d, *extra, nproc=2)
     ck6 = os.path.join(d, "step-00000006")
     v = subprocess.run([a.inspect, "verify", "--deep", ck6], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
-    log = os.path.join(work, "eq.jsonl")
+    log = d + ".jsonl"
     train("--steps", "8", "--stop-at-step", "7", "--batch-size", "8", "--ckpt-dir", d, "--resume", "latest",
-          "--log-jsonl", log)
+          "--log-jsonl", log, *extra)
     ours = losses(log)[7]
     # The model part holds no Python floats, so PyTorch's restricted loader takes it.
-    state = torch.load(merged(ck6, "eq6-model.pt", model_only=True), weights_only=True)["model"]
-    model = gpt.gpt(**SHAPE)
+    state = torch.load(merged(ck6, os.path.basename(d) + "6-model.pt", model_only=True), weights_only=True)["model"]
+    model = gpt.gpt(**SHAPE, tie_weights=tied)
     model.load_state_dict(state, strict=True)
+    if tied:  # both names saved, one value (PyTorch's state dict of a tied model has both)
+        assert torch.equal(state["embed.wte.weight"], state["head.lm_head.weight"])
+        assert model.head.lm_head.weight is model.embed.wte.weight
     tokens, train_end = gpt.text_tokens(a.text)
     x, y = gpt.batch(tokens, train_end, SEED, 7, 0, 8, SHAPE["block_size"])
     theirs = gpt.loss(model, x, y)
     assert close(theirs.item(), ours, 1e-5), f"PyTorch's loss {theirs.item()!r}, ours {ours!r}"
     # The whole checkpoint (param_groups hold floats, which 1.13's weights_only loader refuses).
-    full = torch.load(merged(ck6, "eq6.pt"))
+    full = torch.load(merged(ck6, os.path.basename(d) + "6.pt"))
     assert full["step"] == 6 and full["config"]["n_embd"] == 32, {k: full[k] for k in ("step", "config")}
     groups = full["optimizer"]["param_groups"]
-    assert len(groups) == 1 and groups[0]["params"] == list(state), groups
+    # Each parameter once, as torch.optim sees the model (a tied weight under its first name).
+    names = [n for n, _ in model.named_parameters()]
+    assert len(groups) == 1 and groups[0]["params"] == names, groups
+    assert sorted(full["optimizer"]["state"]) == sorted(names), sorted(full["optimizer"]["state"])
     opt = torch.optim.AdamW(model.parameters(), lr=groups[0]["lr"], betas=groups[0]["betas"], eps=groups[0]["eps"],
                             weight_decay=groups[0]["weight_decay"])
     for name, param in model.named_parameters():
@@ -98,7 +105,8 @@ def pytorch_equivalence():
     theirs.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    after = torch.load(merged(os.path.join(d, "step-00000007"), "eq7-model.pt", model_only=True), weights_only=True)["model"]
+    after = torch.load(merged(os.path.join(d, "step-00000007"), os.path.basename(d) + "7-model.pt", model_only=True),
+                       weights_only=True)["model"]
     for name, param in model.named_parameters():
         diff = (after[name] - param.detach()).abs().max().item()
         assert diff <= 1e-5, f"{name}: our step 7 differs from torch.optim.AdamW's by {diff}"
@@ -472,6 +480,7 @@ def help_matches_man():
 
 check("help_matches_man", help_matches_man)
 check("pytorch_gpt_and_adamw_equivalence", pytorch_equivalence)
+check("pytorch_tied_gpt_and_adamw_equivalence", lambda: pytorch_equivalence(tied=True))
 check("full_state_dict", full_state_dict)
 check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))

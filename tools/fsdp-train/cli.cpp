@@ -24,6 +24,9 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--n-embd", c.n_embd, "embedding width")->check(CLI::Range(1, 1 << 16))->group(m);
   app->add_option("--block-size", c.block_size, "context length in tokens")->check(CLI::Range(1, 1 << 16))->group(m);
   app->add_option("--vocab-size", c.vocab_size, "vocabulary size (256 for a text file's bytes)")->check(CLI::Range(2, 65536))->group(m);
+  app->add_flag("--tie-weights", c.tie_weights,
+                "gpt: the output head uses the token embedding's weight (one parameter, saved under both names, as nanoGPT's)")
+      ->group(m);
   auto* d = "Data";
   app->add_option("--data", c.data, "synthetic, FILE.bin (uint16 tokens, as nanoGPT writes) or any other file (its bytes are the tokens)")->group(d);
   app->add_option("--val-fraction", c.val_fraction, "the last part of the tokens kept for validation")->check(CLI::Range(0.0, 0.9))->group(d);

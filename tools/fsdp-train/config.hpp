@@ -16,6 +16,7 @@ struct TrainConfig {
   // model
   std::string model = "gpt";  ///< gpt or mlp
   int n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 256;
+  bool tie_weights = false;  ///< gpt: the head's weight is the token embedding's
   // data
   std::string data = "synthetic";
   double val_fraction = 0.1;

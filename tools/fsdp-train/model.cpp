@@ -91,14 +91,25 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// A bias-free linear layer over a given weight (the tied head's: the embedding's own Parameter).
+struct TiedLinearImpl : torch::nn::Module {
+  explicit TiedLinearImpl(const torch::Tensor& w) { weight = register_parameter("weight", w); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(TiedLinear);
+
 struct HeadImpl : torch::nn::Module {
-  explicit HeadImpl(const ModelShape& s) {
+  /// `tied`: the embedding's weight, which lm_head then uses as its own.
+  HeadImpl(const ModelShape& s, const torch::Tensor& tied) {
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.n_embd})));
-    lm_head = register_module("lm_head", linear(s.n_embd, s.vocab_size, false, 0.02));
+    if (tied.defined()) tied_head = register_module("lm_head", TiedLinear(tied));
+    else lm_head = register_module("lm_head", linear(s.n_embd, s.vocab_size, false, 0.02));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return lm_head(ln_f(x)); }
+  torch::Tensor forward(const torch::Tensor& x) { return lm_head ? lm_head(ln_f(x)) : tied_head(ln_f(x)); }
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear lm_head{nullptr};
+  TiedLinear tied_head{nullptr};
 };
 TORCH_MODULE(Head);
 
@@ -110,10 +121,12 @@ torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
     if (s.n_embd % s.n_head != 0) {
       throw std::invalid_argument("--n-embd " + std::to_string(s.n_embd) + " is not a multiple of --n-head " + std::to_string(s.n_head));
     }
-    seq->push_back("embed", Embed(s, true));
+    Embed embed(s, true);
+    seq->push_back("embed", embed);
     for (int i = 0; i < s.n_layer; ++i) seq->push_back("block" + std::to_string(i), Block(s));
-    seq->push_back("head", Head(s));
+    seq->push_back("head", Head(s, s.tie_weights ? embed->wte->weight : torch::Tensor()));
   } else if (kind == "mlp") {
+    if (s.tie_weights) throw std::invalid_argument("--tie-weights is for --model gpt");
     seq->push_back("embed", Embed(s, false));
     seq->push_back("fc", linear(s.n_embd, 4 * s.n_embd, true, 0.02));
     seq->push_back("act", torch::nn::GELU());

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // fsdp-train's models, as torch::nn::Sequential so that each child is one FSDP unit:
 //   gpt: embed (wte, wpe) | block0 … block{L-1} (ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
-//        mlp.c_proj; pre-LayerNorm, causal self-attention, exact GELU) | head (ln_f, lm_head)
+//        mlp.c_proj; pre-LayerNorm, causal self-attention, exact GELU) | head (ln_f, lm_head,
+//        whose weight may be wte's: tied)
 //   mlp: embed (wte) | fc | act (GELU) | out: a next-token model of the current token alone
 // Parameter names are these FQNs; tests/train/gpt.py defines the same modules in PyTorch.
 // Initialization as nanoGPT's: N(0, 0.02) weights, zero biases, c_proj weights N(0, 0.02/√(2L)).
@@ -15,6 +16,8 @@ namespace fsdp_train {
 
 struct ModelShape {
   int n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 256;
+  /// gpt: head.lm_head.weight is embed.wte.weight (one Parameter under both names, as nanoGPT's).
+  bool tie_weights = false;
 };
 
 /// The model, initialized from the current torch seed. Throws std::invalid_argument for a shape

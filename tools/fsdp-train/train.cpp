@@ -94,6 +94,7 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   put("n_embd", pk::make_int(c.n_embd));
   put("block_size", pk::make_int(c.block_size));
   put("vocab_size", pk::make_int(c.vocab_size));
+  put("tie_weights", pk::make_bool(c.tie_weights));
   put("data", pk::make_str(c.data));
   put("val_fraction", pk::make_float(c.val_fraction));
   put("steps", pk::make_int(c.steps));
@@ -266,7 +267,7 @@ class Trainer {
  private:
   static torch::nn::Sequential build_model(const TrainConfig& c) {
     torch::manual_seed(c.seed);
-    torch::nn::Sequential m = make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size});
+    torch::nn::Sequential m = make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights});
     if (c.precision == "bf16-true") m->to(torch::kBFloat16);
     return m;
   }
@@ -374,7 +375,7 @@ class Trainer {
   std::string describe(std::int64_t start) const {
     std::int64_t params = 0;  // every parameter is in a unit (each child with parameters is one)
     for (const auto& u : fsdp_.units()) {
-      if (u) for (const auto& p : u->params()) params += p.numel;
+      if (u) for (const auto& p : u->params()) params += p.alias_of < 0 ? p.numel : 0;  // a tied weight once
     }
     return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
            c_.sharding_strategy + mesh_text() + " (" + std::to_string(fsdp_.units().size()) + " units), " + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +

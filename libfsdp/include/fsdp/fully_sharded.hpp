@@ -42,6 +42,9 @@ class FlatUnit {
     torch::Tensor tensor;         ///< the module's own Parameter
     std::vector<std::int64_t> shape;
     std::int64_t offset = 0, numel = 0;  ///< in the flat buffer
+    /// >= 0: the same Parameter as params()[alias_of] under another name (a tied weight), which it
+    /// shares the flat buffer's slot with: in the state dict under both names, stepped once.
+    int alias_of = -1;
   };
 
   /// Flattens `module`'s parameters, sharded over `group`; rank 0's values are broadcast so that
