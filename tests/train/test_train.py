@@ -9,7 +9,7 @@
   SHARD_GRAD_OP), and 4 ranks x 2 as HYBRID_SHARD on a 2 x 2 mesh (its checkpoint resumed by
   FULL_SHARD);
 - 20 steps straight equal 10 steps plus a resume for 10 more, at 2 ranks, and at 1 and 4;
-- launching by --nproc and by environment variables, a killed rank, SIGTERM, `latest` skipping an
+- launching by --nproc and by environment variables (torchrun's and SLURM's), a killed rank, SIGTERM, `latest` skipping an
   incomplete or damaged checkpoint, SIGKILL at every step of a save, bad data."""
 import argparse
 import json
@@ -362,22 +362,31 @@ def sigterm_saves():
 
 
 def env_launch():
-    log_env, log_nproc = os.path.join(work, "env.jsonl"), os.path.join(work, "envn.jsonl")
+    # As torchrun sets the variables, and as srun does (SLURM's: the master is the first host of
+    # the node list, the port MASTER_PORT); both the same run as --nproc 2.
     import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    procs = []
-    for r in range(2):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [a.train, *BASE, "--data", a.text, "--steps", "4", "--batch-size", "4", "--log-jsonl", log_env]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for pr in procs:
-        out, err = pr.communicate(timeout=120)
-        assert pr.returncode == 0, (out, err)
+    log_nproc = os.path.join(work, "envn.jsonl")
     train("--steps", "4", "--batch-size", "4", "--log-jsonl", log_nproc, nproc=2)
-    assert losses(log_env) == losses(log_nproc), (losses(log_env), losses(log_nproc))
+    for how in ("torchrun", "srun"):
+        log_env = os.path.join(work, f"env-{how}.jsonl")
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        procs = []
+        for r in range(2):
+            if how == "torchrun":
+                ranks = dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1")
+            else:
+                ranks = dict(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_JOB_NODELIST="localhost")
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+            env.update(ranks, MASTER_PORT=str(port))
+            cmd = [a.train, *BASE, "--data", a.text, "--steps", "4", "--batch-size", "4", "--log-jsonl", log_env]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for pr in procs:
+            out, err = pr.communicate(timeout=120)
+            assert pr.returncode == 0, (how, out, err)
+        assert losses(log_env) == losses(log_nproc), (how, losses(log_env), losses(log_nproc))
 
 
 def latest_skips_incomplete():
