@@ -60,6 +60,15 @@ def merged(ckpt, name, model_only=False):
     return out
 
 
+def verify_deep(path):
+    return subprocess.run([a.inspect, "verify", "--deep", path], capture_output=True, text=True)
+
+
+def verified(path):
+    v = verify_deep(path)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
 def close(x, y, rel):
     return abs(x - y) <= rel * max(abs(x), abs(y), 1e-12)
 
@@ -69,8 +78,7 @@ def pytorch_equivalence(tied=False):
     d = os.path.join(work, "eq-tied" if tied else "eq")
     train("--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d, *extra, nproc=2)
     ck6 = os.path.join(d, "step-00000006")
-    v = subprocess.run([a.inspect, "verify", "--deep", ck6], capture_output=True, text=True)
-    assert v.returncode == 0, v.stdout + v.stderr
+    verified(ck6)
     log = d + ".jsonl"
     train("--steps", "8", "--stop-at-step", "7", "--batch-size", "8", "--ckpt-dir", d, "--resume", "latest",
           "--log-jsonl", log, *extra)
@@ -354,8 +362,7 @@ def sigterm_saves():
     steps = [n for n in os.listdir(d) if n.startswith("step-")]
     assert len(steps) == 1, steps
     ck = os.path.join(d, steps[0])
-    v = subprocess.run([a.inspect, "verify", "--deep", ck], capture_output=True, text=True)
-    assert v.returncode == 0, v.stdout + v.stderr
+    verified(ck)
     at = int(steps[0][5:])
     train("--steps", str(at + 2), "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest", "--log-jsonl", d + ".jsonl", nproc=2)
     assert max(losses(d + ".jsonl")) == at + 2
@@ -433,8 +440,7 @@ def bad_data():
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "the loss is" in r.stderr and "at step 2 (diverged" in r.stderr, r.stderr
     assert os.listdir(d) == ["step-00000001"], os.listdir(d)
-    v = subprocess.run([a.inspect, "verify", "--deep", os.path.join(d, "step-00000001")], capture_output=True, text=True)
-    assert v.returncode == 0, v.stdout + v.stderr
+    verified(os.path.join(d, "step-00000001"))
 
 
 def crash_mid_save():
@@ -445,9 +451,6 @@ def crash_mid_save():
 
     def tree(path):
         return sorted((f, hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()) for f in os.listdir(path))
-
-    def sound(path):
-        return subprocess.run([a.inspect, "verify", "--deep", path], capture_output=True, text=True).returncode == 0
 
     d = os.path.join(work, "crash")
     train("--steps", "2", "--batch-size", "4", "--ckpt-dir", d)
@@ -465,12 +468,12 @@ def crash_mid_save():
         assert tree(prev) == before, f"{point}: the previous checkpoint changed"
         whole = os.path.exists(os.path.join(new, ".metadata"))  # the crash came after the commit
         if whole:
-            assert sound(new), f"{point}: a checkpoint with .metadata that does not verify"
+            assert verify_deep(new).returncode == 0, f"{point}: a checkpoint with .metadata that does not verify"
         loud = [a.train, *BASE[:-1], "--data", a.text, *args] + (["--nproc", str(nproc)] if nproc else [])  # without -q
         r = subprocess.run(loud, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, (point, r.stderr)
         assert "resumed from " + (new if whole else prev) in r.stdout, (point, r.stdout)
-        assert sound(new), f"{point}: the rerun's checkpoint does not verify"
+        assert verify_deep(new).returncode == 0, f"{point}: the rerun's checkpoint does not verify"
         left = [f for f in os.listdir(new) if ".tmp." in f or ".old." in f]
         assert not left, f"{point}: temporary files left: {left}"
         shutil.rmtree(new)

@@ -18,7 +18,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "ckpt/ops/inspect.hpp"
@@ -510,20 +509,16 @@ class Trainer {
       // the chunks tiling each tensor); a damaged one is skipped with a warning, never deleted.
       path.clear();
       for (auto it = dirs.complete.rbegin(); it != dirs.complete.rend() && path.empty(); ++it) {
-        std::ostringstream report;
-        bool sound = false;
-        try {
-          sound = ckpt::verify({it->second, ckpt::VerifyDepth::kStructure, ckpt::OutputFormat::kText}, report);
-        } catch (const std::exception& e) {
-          report << e.what();
-        }
-        if (sound) {
+        const ckpt::VerifyReport report = ckpt::check_checkpoint({it->second, ckpt::VerifyDepth::kStructure, ckpt::OutputFormat::kText});
+        if (report.ok()) {
           path = it->second;
-        } else {
-          std::string first = report.str().substr(0, report.str().find('\n'));
-          if (first.starts_with("problem: ")) first.erase(0, 9);
-          say("warning: " + it->second.string() + " is damaged (" + first + "); skipping it");
+          continue;
         }
+        const ckpt::VerifyProblem& p = report.problems.front();
+        say("warning: " + it->second.string() + " is damaged (" + ckpt::escape_name(p.source) + ": " +
+            (p.offset ? "offset " + std::to_string(*p.offset) + ": " : std::string()) + ckpt::escape_name(p.message) +
+            (report.problems.size() > 1 ? "; and " + std::to_string(report.problems.size() - 1) + " more" : std::string()) +
+            "); skipping it");
       }
       if (path.empty()) {
         throw std::runtime_error("every checkpoint in " + c_.ckpt_dir + " is damaged (see the warnings); not starting over: pass --resume PATH or move them away");

@@ -14,11 +14,7 @@
 namespace ckpt {
 namespace {
 
-struct Problem {
-  std::string source;
-  std::optional<std::uint64_t> offset;
-  std::string message;
-};
+using Problem = VerifyProblem;
 
 // An error as a problem row: its own source when it names one, else `fallback`.
 Problem problem_of(const Error& e, const std::string& fallback) {
@@ -149,26 +145,34 @@ class Verifier {
 
 }  // namespace
 
-bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress) {
-  std::vector<Problem> problems;
-  std::optional<Checkpoint> c;
-  std::size_t items = 0;
+VerifyReport check_checkpoint(const VerifyOptions& options, Progress& progress) {
+  VerifyReport r;
   try {
-    c = open_checkpoint(options.path);
-    Verifier v(*c, options.depth, progress);
+    const Checkpoint c = open_checkpoint(options.path);
+    r.format = c.format;
+    r.tensors = c.tensors.size();
+    r.objects = c.objects.size();
+    r.files = c.files.size();
+    Verifier v(c, options.depth, progress);
     v.run();
-    problems = v.problems();
-    items = v.items_checked();
+    r.problems = v.problems();
+    r.items = v.items_checked();
   } catch (const Error& e) {
-    problems.push_back(problem_of(e, options.path.string()));
+    r.problems.push_back(problem_of(e, options.path.string()));
   }
-  const bool ok = problems.empty();
+  return r;
+}
+
+bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress) {
+  const VerifyReport r = check_checkpoint(options, progress);
+  const std::vector<Problem>& problems = r.problems;
+  const bool ok = r.ok();
   if (options.format == OutputFormat::kJson) {
     nlohmann::ordered_json j{{"schema", 1}, {"path", options.path.string()}, {"ok", ok},
                              {"deep", options.depth == VerifyDepth::kDeep}};
-    if (c) {
-      j["format"] = std::string(to_string(c->format));
-      j["checked"] = {{"tensors", c->tensors.size()}, {"objects", c->objects.size()}, {"files", c->files.size()}, {"items", items}};
+    if (r.format) {
+      j["format"] = std::string(to_string(*r.format));
+      j["checked"] = {{"tensors", r.tensors}, {"objects", r.objects}, {"files", r.files}, {"items", r.items}};
     }
     j["problems"] = nlohmann::ordered_json::array();
     for (const auto& p : problems) {
@@ -184,8 +188,8 @@ bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress)
     out << escape_name(p.message) << "\n";
   }
   if (ok) {
-    out << "ok: " << escape_name(options.path.string()) << ": " << c->tensors.size() << " tensors, " << c->objects.size()
-        << " other entries, " << c->files.size() << " files, " << items << " items checked"
+    out << "ok: " << escape_name(options.path.string()) << ": " << r.tensors << " tensors, " << r.objects
+        << " other entries, " << r.files << " files, " << r.items << " items checked"
         << (options.depth == VerifyDepth::kDeep ? ", every byte read" : "") << "\n";
   } else {
     out << problems.size() << " problem" << (problems.size() == 1 ? "" : "s") << " found in " << escape_name(options.path.string()) << "\n";

@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <iosfwd>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "ckpt/format.hpp"
 #include "ckpt/progress.hpp"
 
 namespace ckpt {
@@ -35,9 +38,28 @@ struct VerifyOptions {
   OutputFormat format = OutputFormat::kText;
 };
 
-/// Checks everything it can and reports every problem it finds, not only the first. Returns true
-/// when the checkpoint is sound. kDeep also reads every byte (checking CRC-32s where the format
-/// records them), reporting bytes to `progress`. Throws only for failures outside the checkpoint
+/// One problem verify found: where (a file, an item inside it), the byte offset when known, what.
+struct VerifyProblem {
+  std::string source;
+  std::optional<std::uint64_t> offset;
+  std::string message;
+};
+
+/// What verify found: every problem (none: sound), and what it checked.
+struct VerifyReport {
+  std::vector<VerifyProblem> problems;
+  std::optional<Format> format;  ///< unset when the path could not be opened as a checkpoint
+  std::size_t tensors = 0, objects = 0, files = 0, items = 0;
+  bool ok() const noexcept { return problems.empty(); }
+};
+
+/// Checks everything it can and collects every problem it finds, not only the first. kDeep also
+/// reads every byte (checking CRC-32s where the format records them), reporting bytes to
+/// `progress`. A checkpoint that cannot be opened is one problem; nothing is thrown for it.
+VerifyReport check_checkpoint(const VerifyOptions& options, Progress& progress = no_progress());
+
+/// check_checkpoint, written to `out` as text (a "problem:" line each, then a summary) or JSON.
+/// Returns true when the checkpoint is sound. Throws only for failures outside the checkpoint
 /// (an unwritable stream).
 bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress = no_progress());
 
