@@ -203,7 +203,20 @@ void all_reduce(C10dGroup& g, at::Tensor& t, ReduceOp op) {
   if (op == ReduceOp::kAvg) t.div_(g.size);
 }
 
-void all_gather(C10dGroup& g, at::Tensor& out, const at::Tensor& in) {
+// c10d's work handle: c10d::ProcessGroup::Work in 1.13, c10d::Work in 2.x.
+using WorkPtr = decltype(std::declval<c10d::ProcessGroupGloo&>().barrier(std::declval<const c10d::BarrierOptions&>()));
+
+struct PendingWork {
+  WorkPtr work;
+};
+
+void destroy(PendingWork* work) noexcept { delete work; }
+
+void wait(C10dGroup& g, PendingWork& work) {
+  guarded(g, "all_gather", [&] { work.work->wait(); });
+}
+
+PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in) {
   // Gloo 1.13 has no _allgather_base: one output view per rank into the flat result.
   const bool bytes = gloo_lacks(g, in);
   at::Tensor flat = bytes ? as_bytes(out.view({-1})) : out.view({-1});
@@ -214,7 +227,17 @@ void all_gather(C10dGroup& g, at::Tensor& out, const at::Tensor& in) {
   std::vector<at::Tensor> inputs{bytes ? as_bytes(input) : input};
   c10d::AllgatherOptions o;
   o.timeout = g.timeout;
-  run(g, "all_gather", [&](auto& pg) { return pg.allgather(outputs, inputs, o); });
+  auto pending = std::make_unique<PendingWork>();
+  guarded(g, "all_gather", [&] {
+#if FSDP_HAS_NCCL
+    if (g.nccl) {
+      pending->work = g.nccl->allgather(outputs, inputs, o);
+      return;
+    }
+#endif
+    pending->work = g.gloo->allgather(outputs, inputs, o);
+  });
+  return PendingPtr(pending.release(), destroy);
 }
 
 void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op) {

@@ -32,7 +32,13 @@ GroupPtr make_subgroup(const C10dGroup& parent, const std::string& name, int ran
 void barrier(C10dGroup& g);
 void broadcast(C10dGroup& g, at::Tensor& t, int root);
 void all_reduce(C10dGroup& g, at::Tensor& t, ReduceOp op);
-void all_gather(C10dGroup& g, at::Tensor& out, const at::Tensor& in);
+/// An all-gather started on the backend's threads and not yet waited for.
+struct PendingWork;
+void destroy(PendingWork* work) noexcept;
+using PendingPtr = std::unique_ptr<PendingWork, void (*)(PendingWork*)>;
+PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in);
+/// Waits for `work` (its errors are fsdp::Error, as a synchronous collective's).
+void wait(C10dGroup& g, PendingWork& work);
 void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op);
 
 }  // namespace fsdp::detail

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 namespace fsdp {
 namespace {
@@ -121,9 +122,24 @@ void FlatUnit::set_param_dtype(std::optional<c10::ScalarType> dtype) {
   }
 }
 
+void FlatUnit::prefetch() {
+  if (full_.defined() || prefetched_.defined() || strategy_ == ShardingStrategy::kNoShard) return;
+  torch::NoGradGuard no_grad;
+  prefetch_input_ = param_dtype_ ? shard_.detach().to(*param_dtype_) : shard_.detach();
+  prefetched_ = torch::empty({padded_}, prefetch_input_.options().requires_grad(false));
+  prefetch_ = group_.all_gather_async(prefetched_, prefetch_input_);
+}
+
 void FlatUnit::gather() {
   if (full_.defined()) return;
   torch::NoGradGuard no_grad;
+  if (prefetched_.defined()) {
+    prefetch_.wait();
+    full_ = std::exchange(prefetched_, torch::Tensor());
+    prefetch_input_ = torch::Tensor();
+    for (Param& p : params_) p.tensor.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
+    return;
+  }
   const torch::Tensor mine = param_dtype_ ? shard_.detach().to(*param_dtype_) : shard_.detach();
   if (strategy_ == ShardingStrategy::kNoShard) {
     full_ = mine;  // without a param dtype: the very tensor the optimizer steps
@@ -135,6 +151,10 @@ void FlatUnit::gather() {
 }
 
 void FlatUnit::release() {
+  if (prefetched_.defined()) {  // gathered before a step that will change the shard: stale after it
+    prefetch_.wait();
+    prefetched_ = prefetch_input_ = torch::Tensor();
+  }
   // NO_SHARD computes with views of the shard itself, unless they are a cast copy, which goes stale
   // when the optimizer steps.
   if ((strategy_ == ShardingStrategy::kNoShard && !param_dtype_) || !full_.defined()) return;
@@ -312,6 +332,17 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
     made.push_back(units_.back().get());
   }
   for (std::size_t i = 0; i < children.size(); ++i) child_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
+  // Prefetch order: the nearest other unit after and before each child.
+  next_unit_.assign(child_unit_.size(), nullptr);
+  prev_unit_.assign(child_unit_.size(), nullptr);
+  for (std::size_t i = 0; i < child_unit_.size(); ++i) {
+    for (std::size_t j = i + 1; j < child_unit_.size() && !next_unit_[i]; ++j) {
+      if (child_unit_[j] && child_unit_[j] != child_unit_[i]) next_unit_[i] = child_unit_[j];
+    }
+    for (std::size_t j = i; j-- > 0 && !prev_unit_[i];) {
+      if (child_unit_[j] && child_unit_[j] != child_unit_[i]) prev_unit_[i] = child_unit_[j];
+    }
+  }
   // A unit ends at its last child; the unit whose last child runs last is the first backward needs.
   ends_unit_.assign(child_unit_.size(), false);
   std::vector<FlatUnit*> seen;
@@ -334,6 +365,7 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
   for (torch::nn::AnyModule& child : *model_) {
     FlatUnit* unit = child_unit_[i];
     if (unit) unit->gather();
+    if (forward_prefetch_ && next_unit_[i]) next_unit_[i]->prefetch();  // overlaps this child's compute
     if (checkpointed_.size() > i && checkpointed_[i] && x.requires_grad() && torch::GradMode::is_enabled()) {
       x = CheckpointedChild::apply(x, &child);
     } else {
@@ -344,8 +376,10 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
       unit->release();
       // Gathered again when this unit's backward starts: the gradient of its output arrives.
       if (x.requires_grad()) {
-        x.register_hook([unit](torch::Tensor g) {
+        FlatUnit* prev = backward_prefetch_ ? prev_unit_[i] : nullptr;
+        x.register_hook([unit, prev](torch::Tensor g) {
           unit->gather();
+          if (prev) prev->prefetch();  // its backward comes next: gathered while this one's runs
           return g;
         });
       }
@@ -402,6 +436,11 @@ void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
     for (FlatUnit* u : units) u->reduce_gradients(mixed_.reduce_dtype);
   }
   for (FlatUnit* u : units) u->release();
+}
+
+void FullyShardedSequential::set_prefetch(bool forward, bool backward) {
+  forward_prefetch_ = forward;
+  backward_prefetch_ = backward;
 }
 
 void FullyShardedSequential::set_activation_checkpointing(std::function<bool(const std::string& child)> which) {

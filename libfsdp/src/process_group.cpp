@@ -2,6 +2,7 @@
 #include "fsdp/process_group.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <charconv>
 
 #include "c10d_compat.hpp"
@@ -178,16 +179,51 @@ void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   detail::all_reduce(*impl_->group, tensor, op);
 }
 
-void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& input) {
+void ProcessGroup::all_gather(at::Tensor& out, const at::Tensor& input) { all_gather_async(out, input).wait(); }
+
+PendingCollective::PendingCollective(PendingCollective&& other) noexcept
+    : group_(std::exchange(other.group_, nullptr)), work_(std::exchange(other.work_, nullptr)), stats_(std::exchange(other.stats_, nullptr)) {}
+
+PendingCollective& PendingCollective::operator=(PendingCollective&& other) noexcept {
+  if (this != &other) {
+    try {
+      wait();
+    } catch (...) {  // an error is the next collective's to report
+    }
+    group_ = std::exchange(other.group_, nullptr);
+    work_ = std::exchange(other.work_, nullptr);
+    stats_ = std::exchange(other.stats_, nullptr);
+  }
+  return *this;
+}
+
+PendingCollective::~PendingCollective() {
+  try {
+    wait();
+  } catch (...) {  // destruction does not throw; the next collective reports the failure
+  }
+}
+
+void PendingCollective::wait() {
+  if (!work_) return;
+  detail::PendingPtr work(std::exchange(work_, nullptr), detail::destroy);
+  Timed t(*stats_);
+  detail::wait(*group_, *work);
+}
+
+PendingCollective ProcessGroup::all_gather_async(at::Tensor& out, const at::Tensor& input) {
   if (!out.is_contiguous() || out.numel() != input.numel() * size() || out.scalar_type() != input.scalar_type()) {
     throw Error("all_gather: the output must be contiguous, of the input's dtype and " + std::to_string(size()) + " times its size");
   }
+  PendingCollective p;
   if (size() == 1) {
     out.copy_(input.reshape(out.sizes()));
-    return;
+    return p;
   }
-  Timed t(impl_->stats);
-  detail::all_gather(*impl_->group, out, input);
+  p.group_ = impl_->group.get();
+  p.stats_ = &impl_->stats;
+  p.work_ = detail::all_gather_start(*impl_->group, out, input).release();
+  return p;
 }
 
 void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& input, ReduceOp op) {

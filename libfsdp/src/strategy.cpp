@@ -116,6 +116,7 @@ FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
   if (mesh_) modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed, policy));
   else modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed, policy));
   FullyShardedSequential& m = *modules_.back();
+  m.set_prefetch(options_.forward_prefetch, options_.backward_prefetch);
   if (const auto& which = options_.activation_checkpointing_policy ? options_.activation_checkpointing_policy : options_.activation_checkpointing) {
     m.set_activation_checkpointing(which);
   }

@@ -113,6 +113,8 @@ int rank_main(const std::string& strategy) {
   fsdp::FullyShardedSequential m = mesh ? fsdp::FullyShardedSequential(seq, *mesh, fsdp::sharding_strategy_from_string(strategy), mixed)
                                         : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy), mixed);
   if (checkpointing) m.set_activation_checkpointing([](const std::string&) { return true; });
+  // FSDP_TEST_PREFETCH=none|forward: no prefetch, or forward and backward prefetch (default: backward).
+  if (const char* p = std::getenv("FSDP_TEST_PREFETCH")) m.set_prefetch(std::string(p) == "forward", std::string(p) == "forward");
   torch::optim::SGD opt(m.parameters(), torch::optim::SGDOptions(0.1));
   const int per = kBatch / pg.size();
   // A resumed run: steps [from, to) after loading what an earlier run saved (any world size).
@@ -262,6 +264,14 @@ int main(int argc, char** argv) {
     // size 3 (SHARD_GRAD_OP) for the last 2 steps; equal to 5 single-process steps.
     const bool ok = save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3);
     std::cout << (ok ? "ok   " : "FAIL ") << "3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps\n";
+    (ok ? passed : failed)++;
+  }
+  for (const char* prefetch : {"none", "forward"}) {
+    ::setenv("FSDP_TEST_PREFETCH", prefetch, 1);
+    const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 3);
+    ::unsetenv("FSDP_TEST_PREFETCH");
+    std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 3, prefetching " << (std::string(prefetch) == "none" ? "nothing" : "forward and backward")
+              << " (the default: backward), equals single-process training\n";
     (ok ? passed : failed)++;
   }
   for (const char* strategy : {"FULL_SHARD", "NO_SHARD"}) {

@@ -82,6 +82,12 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "FSDP units: children (each top-level module: embed, every block, head), block (each block; embed and head "
                   "share the root unit), or N (consecutive modules grouped until a unit holds N parameters)")
       ->check(CLI::IsMember({"children", "block"}) | CLI::PositiveNumber)->group(s);
+  app->add_option("--backward-prefetch", c.backward_prefetch,
+                  "BACKWARD_PRE (FSDP's default): when a unit's backward starts, start gathering the next one's; NONE: gather "
+                  "each when its backward starts")
+      ->check(CLI::IsMember({"BACKWARD_PRE", "NONE"}))->group(s);
+  app->add_flag("--forward-prefetch", c.forward_prefetch, "start gathering the next unit when a unit's forward starts (FSDP's forward_prefetch)")
+      ->group(s);
   app->add_flag("--activation-checkpointing", c.activation_checkpointing,
                 "recompute each transformer block's forward in backward instead of keeping its activations (gpt)")->group(s);
   app->add_option("--backend", c.backend, "gloo (CPU) or nccl (CUDA builds)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);

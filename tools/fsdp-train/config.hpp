@@ -40,6 +40,8 @@ struct TrainConfig {
   /// FSDP's MixedPrecision given explicitly (empty: from --precision): float32, bfloat16, float16.
   std::string param_dtype, reduce_dtype, buffer_dtype;
   bool activation_checkpointing = false;  ///< gpt: every block
+  std::string backward_prefetch = "BACKWARD_PRE";  ///< or NONE
+  bool forward_prefetch = false;
   std::string auto_wrap = "children";  ///< children, block, or a parameter count
   std::string backend = "gloo";
   double timeout = 1800;

@@ -161,6 +161,7 @@ class Trainer {
     if (c_.strategy == "fsdp_cpu_offload") {
       say("warning: --strategy fsdp_cpu_offload has no effect on the CPU: parameters, gradients and optimizer state are in host memory already");
     }
+    fsdp_.set_prefetch(c_.forward_prefetch, c_.backward_prefetch == "BACKWARD_PRE");
     if (c_.activation_checkpointing) {
       fsdp_.set_activation_checkpointing([](const std::string& child) { return child.rfind("block", 0) == 0; });
     }

@@ -63,7 +63,10 @@ class FlatUnit {
   /// shard, which the optimizer steps, keeps its own (half the all-gather bytes for bfloat16 over
   /// float32). Their gradients are cast back to the shard's dtype.
   void set_param_dtype(std::optional<c10::ScalarType> dtype);
-  /// Frees the full values (not with NO_SHARD).
+  /// Starts gathering the full values on the backend's threads (FSDP's prefetch); gather() then
+  /// waits for them. Nothing when they are there already, or with NO_SHARD.
+  void prefetch();
+  /// Frees the full values (not with NO_SHARD), and drops a prefetch not yet used.
   void release();
   /// The module's gradients, averaged over ranks, into shard().grad() (this rank's slice); the
   /// module's own gradients are cleared.
@@ -100,6 +103,8 @@ class FlatUnit {
   std::vector<Param> params_;
   std::int64_t total_ = 0, padded_ = 0;
   torch::Tensor shard_, full_;
+  PendingCollective prefetch_;                ///< prefetch()'s all-gather
+  torch::Tensor prefetched_, prefetch_input_;  ///< its output and input, alive until it is waited for
 };
 
 /// FSDP's MixedPrecision. param_dtype: parameters are gathered and computed with in it, the
@@ -165,6 +170,12 @@ class FullyShardedSequential {
   /// requires grad (not the first, the embedding of tokens) are checkpointed.
   void set_activation_checkpointing(std::function<bool(const std::string& child)> which);
 
+  /// FSDP's prefetching: `backward` (BACKWARD_PRE, on by default as FSDP's) starts gathering the
+  /// unit whose backward comes next when a unit's backward starts; `forward` (forward_prefetch,
+  /// off by default) the next unit's when a unit's forward starts. The all-gather then runs on the
+  /// backend's threads while this one computes. The arithmetic is the same either way.
+  void set_prefetch(bool forward, bool backward);
+
   ShardingStrategy strategy() const noexcept { return strategy_; }
   /// Every rank.
   ProcessGroup& group() noexcept { return group_; }
@@ -187,6 +198,8 @@ class FullyShardedSequential {
   std::vector<std::unique_ptr<FlatUnit>> units_;  ///< in the order of their first child
   std::vector<FlatUnit*> child_unit_;             ///< per child: its unit, or nullptr (no parameters)
   std::vector<bool> ends_unit_;                   ///< per child: the last child of its unit
+  std::vector<FlatUnit*> next_unit_, prev_unit_;  ///< per child: the nearest other unit after it, before it
+  bool forward_prefetch_ = false, backward_prefetch_ = true;
   FlatUnit* final_unit_ = nullptr;                ///< the unit whose last child runs last
 };
 

@@ -65,6 +65,30 @@ struct CollectiveStats {
   std::chrono::steady_clock::duration time{};
 };
 
+namespace detail {
+struct C10dGroup;
+struct PendingWork;
+}  // namespace detail
+
+/// A collective started and not yet waited for (ProcessGroup::all_gather_async): its output may
+/// be read only after wait(). Destroying it waits.
+class PendingCollective {
+ public:
+  PendingCollective() = default;
+  PendingCollective(PendingCollective&& other) noexcept;
+  PendingCollective& operator=(PendingCollective&& other) noexcept;
+  ~PendingCollective();
+  /// Waits for it (at most the group's timeout; throws fsdp::Error as the collective would).
+  void wait();
+  bool pending() const noexcept { return work_ != nullptr; }
+
+ private:
+  friend class ProcessGroup;
+  detail::C10dGroup* group_ = nullptr;
+  detail::PendingWork* work_ = nullptr;
+  CollectiveStats* stats_ = nullptr;
+};
+
 class ProcessGroup {
  public:
   /// Meets the other world_size - 1 processes (rank 0 hosts the TCPStore) within `timeout`.
@@ -87,6 +111,9 @@ class ProcessGroup {
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   /// `out` (contiguous, size() × input.numel() elements) = every rank's `input`, in rank order.
   void all_gather(at::Tensor& out, const at::Tensor& input);
+  /// all_gather started on the backend's own threads, so that computation can overlap it
+  /// (FSDP's prefetch); `out` and `input` must stay alive until it is waited for.
+  PendingCollective all_gather_async(at::Tensor& out, const at::Tensor& input);
   /// `out` (contiguous, input.numel() / size() elements) = this rank's slice of the element-wise
   /// reduction of every rank's `input`. On Gloo, which has no reduce-scatter, an all-reduce of a
   /// copy whose slice is kept.

@@ -52,6 +52,9 @@ struct StrategyOptions {
   /// The deprecated spelling of activation_checkpointing_policy; giving both is an error.
   std::function<bool(const std::string& child)> activation_checkpointing;
   std::function<bool(const std::string& child)> activation_checkpointing_policy;
+  /// FSDP's backward_prefetch (BACKWARD_PRE when true, the default) and forward_prefetch.
+  bool backward_prefetch = true;
+  bool forward_prefetch = false;
   std::string sharding_strategy = "FULL_SHARD";  ///< FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD
   std::string state_dict_type = "sharded";       ///< sharded (a DCP directory) or full (one torch.save file)
   /// HYBRID_SHARD's (replicas, shards); their product must be the world size.
