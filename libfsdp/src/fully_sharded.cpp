@@ -64,6 +64,12 @@ ShardingStrategy sharding_strategy_from_string(std::string_view name) {
   throw Error("unknown sharding strategy '" + std::string(name) + "' (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD)");
 }
 
+MixedPrecision mixed_precision_of(std::string_view precision) {
+  MixedPrecision mp;
+  if (precision != "32-true") mp.reduce_dtype = c10::ScalarType::BFloat16;
+  return mp;
+}
+
 FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy, ProcessGroup* replicate)
     : FlatUnit(std::vector<std::pair<std::string, torch::nn::Module*>>{{std::move(prefix), &module}}, group, strategy, replicate) {}
 
@@ -180,10 +186,6 @@ void FlatUnit::add_grad(const torch::Tensor& slice) {
   else shard_.mutable_grad() = slice.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
-void FlatUnit::average_replicas(torch::Tensor& slice) {
-  if (replicate_) replicate_->all_reduce(slice, ReduceOp::kAvg);
-}
-
 void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
   torch::Tensor grads = take_gradients();
   if (reduce_dtype) grads = grads.to(*reduce_dtype);
@@ -193,7 +195,7 @@ void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
   } else {
     torch::Tensor mine = torch::empty({shard_.numel()}, grads.options());
     group_.reduce_scatter(mine, grads, ReduceOp::kAvg);
-    average_replicas(mine);
+    if (replicate_) replicate_->all_reduce(mine, ReduceOp::kAvg);  // HYBRID_SHARD: across the replicas
     add_grad(mine);
   }
 }

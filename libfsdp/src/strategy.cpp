@@ -110,8 +110,7 @@ int Strategy::global_rank() { return group().rank(); }
 int Strategy::world_size() { return group().size(); }
 
 FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
-  MixedPrecision mixed = options_.mixed_precision.value_or(MixedPrecision{});
-  if (!options_.mixed_precision && options_.precision != "32-true") mixed.reduce_dtype = c10::ScalarType::BFloat16;
+  const MixedPrecision mixed = options_.mixed_precision.value_or(mixed_precision_of(options_.precision));
   const WrapPolicy policy = options_.auto_wrap_policy.value_or(WrapPolicy{});
   if (mesh_) modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed, policy));
   else modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed, policy));

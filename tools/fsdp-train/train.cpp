@@ -289,8 +289,7 @@ class Trainer {
   }
 
   static fsdp::MixedPrecision mixed_precision(const TrainConfig& c) {
-    fsdp::MixedPrecision mp;
-    if (c.precision != "32-true") mp.reduce_dtype = torch::kBFloat16;
+    fsdp::MixedPrecision mp = fsdp::mixed_precision_of(c.precision);
     // Explicit dtypes win over the precision's, as an explicit MixedPrecision does in Lightning.
     auto dtype = [](const std::string& name) -> std::optional<c10::ScalarType> {
       if (name.empty()) return std::nullopt;
@@ -515,9 +514,7 @@ class Trainer {
           path = it->second;
           continue;
         }
-        const ckpt::VerifyProblem& p = report.problems.front();
-        say("warning: " + it->second.string() + " is damaged (" + ckpt::escape_name(p.source) + ": " +
-            (p.offset ? "offset " + std::to_string(*p.offset) + ": " : std::string()) + ckpt::escape_name(p.message) +
+        say("warning: " + it->second.string() + " is damaged (" + ckpt::to_string(report.problems.front()) +
             (report.problems.size() > 1 ? "; and " + std::to_string(report.problems.size() - 1) + " more" : std::string()) +
             "); skipping it");
       }

@@ -145,6 +145,10 @@ class Verifier {
 
 }  // namespace
 
+std::string to_string(const VerifyProblem& p) {
+  return escape_name(p.source) + ": " + (p.offset ? "offset " + std::to_string(*p.offset) + ": " : std::string()) + escape_name(p.message);
+}
+
 VerifyReport check_checkpoint(const VerifyOptions& options, Progress& progress) {
   VerifyReport r;
   try {
@@ -182,11 +186,7 @@ bool verify(const VerifyOptions& options, std::ostream& out, Progress& progress)
     out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return ok;
   }
-  for (const auto& p : problems) {
-    out << "problem: " << escape_name(p.source) << ": ";
-    if (p.offset) out << "offset " << *p.offset << ": ";
-    out << escape_name(p.message) << "\n";
-  }
+  for (const auto& p : problems) out << "problem: " << to_string(p) << "\n";
   if (ok) {
     out << "ok: " << escape_name(options.path.string()) << ": " << r.tensors << " tensors, " << r.objects
         << " other entries, " << r.files << " files, " << r.items << " items checked"

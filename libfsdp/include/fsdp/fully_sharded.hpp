@@ -76,8 +76,6 @@ class FlatUnit {
   torch::Tensor take_gradients();
   /// Adds `slice` (laid out as shard(), any dtype: cast to the shard's) to shard().grad().
   void add_grad(const torch::Tensor& slice);
-  /// Averages `slice` (laid out as shard()) over the replicas, in place (HYBRID_SHARD; otherwise nothing).
-  void average_replicas(torch::Tensor& slice);
   /// Sets every parameter's full value (`values[i]` for params()[i], any world size's
   /// checkpoint); this rank keeps its slice. The full values are released.
   void load_full(const std::vector<torch::Tensor>& values);
@@ -118,6 +116,10 @@ struct MixedPrecision {
   std::optional<c10::ScalarType> reduce_dtype;
   std::optional<c10::ScalarType> buffer_dtype;
 };
+
+/// The MixedPrecision a precision name implies for the units: bfloat16 reduction for
+/// "bf16-mixed" and "bf16-true" (whose model the caller converts), nothing for "32-true".
+MixedPrecision mixed_precision_of(std::string_view precision);
 
 /// Which children of the Sequential become FSDP units (FSDP's auto_wrap_policy). The default:
 /// every child with parameters is a unit of its own.

@@ -45,6 +45,9 @@ struct VerifyProblem {
   std::string message;
 };
 
+/// "<source>: offset <N>: <message>", escaped for a terminal (the offset when known).
+std::string to_string(const VerifyProblem& problem);
+
 /// What verify found: every problem (none: sound), and what it checked.
 struct VerifyReport {
   std::vector<VerifyProblem> problems;
