@@ -8,8 +8,16 @@
 #include <map>
 #include <utility>
 
+#include "fsdp/script_module.hpp"
+
 namespace fsdp {
 namespace {
+
+// The prefix of a child's parameters' FQNs: its name, except a TorchScript module's, whose FQNs
+// are its own (it is the whole model).
+std::string fqn_prefix(const std::string& child, const torch::nn::Module& m) {
+  return dynamic_cast<const ScriptModuleImpl*>(&m) ? std::string() : child;
+}
 
 /// One child run under reentrant activation checkpointing: forward without a graph, keeping only
 /// the input; backward runs the child's forward again with grad (and forward's autocast state)
@@ -290,7 +298,7 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
       }
       g = root;
     }
-    groups[static_cast<std::size_t>(g)].emplace_back(children[i].key(), m);
+    groups[static_cast<std::size_t>(g)].emplace_back(fqn_prefix(children[i].key(), *m), m);
     group_of[i] = g;
   }
   // A Parameter that two groups share (a tied head: the embedding's weight) must live in one unit,
@@ -322,7 +330,7 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
       if (group_of[i] < 0) continue;
       auto [it, fresh] = index.emplace(find(group_of[i]), static_cast<int>(joined.size()));
       if (fresh) joined.emplace_back();
-      joined[static_cast<std::size_t>(it->second)].emplace_back(children[i].key(), children[i].value().get());
+      joined[static_cast<std::size_t>(it->second)].emplace_back(fqn_prefix(children[i].key(), *children[i].value()), children[i].value().get());
       group_of[i] = it->second;
     }
     groups = std::move(joined);
@@ -489,7 +497,12 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_
   }
   // In the model's order (a wrap policy's root unit holds children from both ends).
   std::map<std::string, std::size_t> order;
-  for (const auto& item : model_->named_parameters(true)) order.emplace(item.key(), order.size());
+  for (const auto& child : model_->named_children()) {
+    const std::string prefix = fqn_prefix(child.key(), *child.value());
+    for (const auto& item : child.value()->named_parameters(true)) {
+      order.emplace(prefix.empty() ? item.key() : prefix + "." + item.key(), order.size());
+    }
+  }
   std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return order[a.first] < order[b.first]; });
   return out;
 }

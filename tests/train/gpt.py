@@ -122,3 +122,58 @@ def gpt(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=256, tie_weigh
 def loss(model, x, y):
     logits = model(x)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+class ScriptBlock(nn.Module):
+    """A block written for torch.jit.script (no generator expressions), nanoGPT's names."""
+
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = Mlp(n_embd)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.ln_1(x)
+        qkv = self.c_attn(h).split(C, dim=2)
+        q = qkv[0].view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = qkv[1].view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = qkv[2].view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.n_head))
+        att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf")).softmax(-1)
+        x = x + self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp(self.ln_2(x))
+
+
+class ScriptTransformer(nn.Module):
+    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_size):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.h = nn.ModuleList([ScriptBlock(n_embd, n_head) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(n_embd)
+
+
+class ScriptGPT(nn.Module):
+    """nanoGPT's layout (transformer.wte, transformer.h.N..., a tied lm_head, a causal-mask
+    buffer), a model fsdp-train knows nothing of, for --model-script."""
+
+    def __init__(self, n_layer=2, n_head=4, n_embd=32, block_size=32, vocab_size=256):
+        super().__init__()
+        self.transformer = ScriptTransformer(n_layer, n_head, n_embd, block_size, vocab_size)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+        mask = torch.ones(block_size, block_size, dtype=torch.uint8).tril()
+        for b in self.transformer.h:
+            b.register_buffer("mask", mask.clone(), persistent=False)
+
+    def forward(self, idx):
+        T = idx.shape[-1]
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        for b in self.transformer.h:
+            x = b(x)
+        return self.lm_head(self.transformer.ln_f(x))

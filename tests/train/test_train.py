@@ -9,6 +9,8 @@
   SHARD_GRAD_OP), and 4 ranks x 2 as HYBRID_SHARD on a 2 x 2 mesh (its checkpoint resumed by
   FULL_SHARD);
 - 20 steps straight equal 10 steps plus a resume for 10 more, at 2 ranks, and at 1 and 4;
+- --model-script: a GPT that PyTorch scripted trains from its own values (our first loss is
+  PyTorch's), follows the same curve at 1 x 8 and 2 x 4, and its checkpoint loads into the script;
 - launching by --nproc and by environment variables (torchrun's and SLURM's), a killed rank, SIGTERM, `latest` skipping an
   incomplete or damaged checkpoint, SIGKILL at every step of a save, bad data."""
 import argparse
@@ -479,6 +481,47 @@ def crash_mid_save():
         shutil.rmtree(new)
 
 
+def model_script():
+    """--model-script: a TorchScript GPT that PyTorch scripted and saved (nanoGPT's layout, a tied
+    head, a mask buffer) trains with its own initial values (our first loss is PyTorch's on the
+    same batch), gives the same curve at 1 x 8 and 2 x 4, and its checkpoint's model loads strictly
+    into the script, whose loss on the next batch is ours."""
+    torch.manual_seed(5)
+    path = os.path.join(work, "script-gpt.pt")
+    torch.jit.script(gpt.ScriptGPT(**SHAPE)).save(path)
+    d, one, two = (os.path.join(work, n) for n in ("script", "script-1.jsonl", "script-2.jsonl"))
+    train("--model-script", path, "--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d,
+          "--log-jsonl", two, nproc=2)
+    train("--model-script", path, "--steps", "8", "--stop-at-step", "6", "--batch-size", "8", "--log-jsonl", one)
+    l1, l2 = losses(one), losses(two)
+    bad = [(s, l1[s], l2[s]) for s in range(1, 7) if not close(l1[s], l2[s], 1e-4)]
+    assert not bad, f"1 x 8 and 2 x 4 differ: {bad}"
+    tokens, train_end = gpt.text_tokens(a.text)
+    script = torch.jit.load(path)
+    x, y = gpt.batch(tokens, train_end, SEED, 1, 0, 8, SHAPE["block_size"])
+    first = gpt.loss(script, x, y).item()
+    assert close(first, l1[1], 1e-5), f"PyTorch's loss of the script {first!r}, our first {l1[1]!r}"
+    ck6 = os.path.join(d, "step-00000006")
+    verified(ck6)
+    log = d + ".jsonl"
+    train("--model-script", path, "--steps", "8", "--stop-at-step", "7", "--batch-size", "8", "--ckpt-dir", d,
+          "--resume", "latest", "--log-jsonl", log)
+    state = torch.load(merged(ck6, "script6-model.pt", model_only=True), weights_only=True)["model"]
+    names = [n for n, _ in script.state_dict().items() if "mask" not in n]
+    assert sorted(state) == sorted(names), (sorted(state), sorted(names))
+    assert torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
+    script.load_state_dict(state, strict=False)  # the masks are not persistent
+    x, y = gpt.batch(tokens, train_end, SEED, 7, 0, 8, SHAPE["block_size"])
+    theirs = gpt.loss(script, x, y).item()
+    ours = losses(log)[7]
+    assert close(theirs, ours, 1e-5), f"PyTorch's loss {theirs!r}, ours {ours!r}"
+    # Refused before any rank starts: not a TorchScript file, and options a script cannot have.
+    r = train("--model-script", a.text, "--steps", "1", expect=1)
+    assert "not a TorchScript module" in r.stderr, r.stderr
+    r = train("--model-script", path, "--steps", "1", "--activation-checkpointing", nproc=2, expect=1)
+    assert "one opaque module" in r.stderr and "rank" not in r.stderr, r.stderr
+
+
 def help_matches_man():
     import re
     page = os.path.join(os.path.dirname(__file__), "..", "..", "man", "fsdp-train.1")
@@ -503,6 +546,7 @@ check("accumulation_no_sync", accumulation)
 check("precision", precision)
 check("activation_checkpointing", activation_checkpointing)
 check("auto_wrap", auto_wrap)
+check("model_script", model_script)
 check("resume_equivalence", resume_equivalence)
 check("killed_rank", killed_rank)
 check("sigterm_saves", sigterm_saves)

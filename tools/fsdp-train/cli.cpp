@@ -18,7 +18,12 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                         "checkpoints that PyTorch reads as its own, and resume them at any world size.");
   app->option_defaults()->always_capture_default();
   auto* m = "Model";
-  app->add_option("--model", c.model, "gpt (decoder-only transformer) or mlp (embedding, one hidden layer)")->check(CLI::IsMember({"gpt", "mlp"}))->group(m);
+  auto* model = app->add_option("--model", c.model, "gpt (decoder-only transformer) or mlp (embedding, one hidden layer)")->check(CLI::IsMember({"gpt", "mlp"}))->group(m);
+  app->add_option("--model-script", c.model_script,
+                  "a TorchScript module exported from Python (torch.jit.script or trace, saved with torch.jit.save) whose "
+                  "forward(tokens) returns logits; trained as one FSDP unit, its parameters saved under their own FQNs. "
+                  "TorchScript is code: load only files you trust")
+      ->check(CLI::ExistingFile)->excludes(model)->group(m);
   app->add_option("--n-layer", c.n_layer, "transformer blocks")->check(CLI::Range(1, 1024))->group(m);
   app->add_option("--n-head", c.n_head, "attention heads (must divide --n-embd)")->check(CLI::Range(1, 1024))->group(m);
   app->add_option("--n-embd", c.n_embd, "embedding width")->check(CLI::Range(1, 1 << 16))->group(m);
@@ -114,6 +119,15 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "step-N.pt written by rank 0, as Lightning's full checkpoint)")
       ->check(CLI::IsMember({"sharded", "full"}))->group(k);
   return app;
+}
+
+void validate(TrainConfig& c) {
+  if (c.model_script.empty()) return;
+  c.model = "script";
+  // A script's forward is opaque: FSDP cannot run, wrap or recompute its parts one by one.
+  if (c.activation_checkpointing) throw std::runtime_error("--activation-checkpointing needs the model's blocks; a --model-script is one opaque module");
+  if (c.auto_wrap != "children") throw std::runtime_error("--auto-wrap " + c.auto_wrap + ": a --model-script is one FSDP unit (its forward is opaque)");
+  if (c.tie_weights) throw std::runtime_error("--tie-weights is for --model gpt; a --model-script ties what it ties");
 }
 
 std::optional<std::pair<int, int>> hybrid_mesh(const TrainConfig& c, int world, int local_world) {

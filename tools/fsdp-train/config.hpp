@@ -14,7 +14,8 @@ namespace fsdp_train {
 
 struct TrainConfig {
   // model
-  std::string model = "gpt";  ///< gpt or mlp
+  std::string model = "gpt";  ///< gpt or mlp; "script" once validate() has seen --model-script
+  std::string model_script;   ///< a torch.jit.save file: the model, its parameters under their own FQNs
   int n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 256;
   bool tie_weights = false;  ///< gpt: the head's weight is the token embedding's
   // data
@@ -62,6 +63,10 @@ struct TrainConfig {
 };
 
 std::unique_ptr<CLI::App> make_train_app(TrainConfig& c);
+
+/// Checks the options that only make sense together, before any rank starts, and derives what
+/// follows from them (--model-script makes the model "script"). Throws std::runtime_error.
+void validate(TrainConfig& c);
 
 /// HYBRID_SHARD's mesh as (replicas, shards) for a world of `world` ranks, `local_world` of them
 /// on this machine: --device-mesh, or by default PyTorch's (sharded within a machine, replicated

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "fsdp/script_module.hpp"
+
 namespace fsdp_train {
 namespace {
 
@@ -131,6 +133,8 @@ torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
     seq->push_back("fc", linear(s.n_embd, 4 * s.n_embd, true, 0.02));
     seq->push_back("act", torch::nn::GELU());
     seq->push_back("out", linear(4 * s.n_embd, s.vocab_size, true, 0.02));
+  } else if (kind == "script") {
+    seq->push_back("script", fsdp::load_script_module(s.script));
   } else {
     throw std::invalid_argument("unknown model '" + kind + "' (gpt or mlp)");
   }

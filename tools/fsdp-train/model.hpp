@@ -11,6 +11,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
+#include <string>
 
 namespace fsdp_train {
 
@@ -18,10 +19,13 @@ struct ModelShape {
   int n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 256;
   /// gpt: head.lm_head.weight is embed.wte.weight (one Parameter under both names, as nanoGPT's).
   bool tie_weights = false;
+  std::string script;  ///< kind "script": the torch.jit.save file
 };
 
-/// The model, initialized from the current torch seed. Throws std::invalid_argument for a shape
-/// that cannot be built (n_embd not a multiple of n_head).
+/// The model, initialized from the current torch seed; kind "script" is the TorchScript module
+/// of shape.script with its own values, the Sequential's only child. Throws std::invalid_argument
+/// for a shape that cannot be built (n_embd not a multiple of n_head), fsdp::Error for a file that
+/// is not a TorchScript module.
 torch::nn::Sequential make_model(const std::string& kind, const ModelShape& shape);
 
 }  // namespace fsdp_train

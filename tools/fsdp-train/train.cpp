@@ -18,6 +18,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "ckpt/ops/inspect.hpp"
@@ -28,6 +29,7 @@
 #include "fsdp/fully_sharded.hpp"
 #include "fsdp/optim.hpp"
 #include "fsdp/process_group.hpp"
+#include "fsdp/script_module.hpp"
 
 namespace fsdp_train {
 namespace {
@@ -84,10 +86,17 @@ StepDirs list_step_dirs(const fs::path& dir) {
   return out;
 }
 
+std::string shape_text(const torch::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
 pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> d;
   auto put = [&](const char* k, pk::ValuePtr v) { d.emplace_back(pk::make_str(k), std::move(v)); };
   put("model", pk::make_str(c.model));
+  if (!c.model_script.empty()) put("model_script", pk::make_str(fs::path(c.model_script).filename().string()));
   put("n_layer", pk::make_int(c.n_layer));
   put("n_head", pk::make_int(c.n_head));
   put("n_embd", pk::make_int(c.n_embd));
@@ -267,8 +276,14 @@ class Trainer {
  private:
   static torch::nn::Sequential build_model(const TrainConfig& c) {
     torch::manual_seed(c.seed);
-    torch::nn::Sequential m = make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights});
-    if (c.precision == "bf16-true") m->to(torch::kBFloat16);
+    torch::nn::Sequential m = make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights, c.model_script});
+    if (c.precision == "bf16-true") {
+      if (auto script = std::dynamic_pointer_cast<fsdp::ScriptModuleImpl>(m->ptr(0))) {
+        script->cast_floating(torch::kBFloat16);  // its masks and indices keep their dtypes
+      } else {
+        m->to(torch::kBFloat16);
+      }
+    }
     return m;
   }
 
@@ -326,7 +341,13 @@ class Trainer {
 
   torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& y) {
     Autocast autocast(c_.precision == "bf16-mixed");
-    return loss_of(fsdp_.forward(x), y).to(torch::kFloat32);
+    const torch::Tensor logits = fsdp_.forward(x);
+    // A script's vocabulary is its own; the data's tokens were checked against --vocab-size.
+    if (logits.dim() != 3 || logits.size(0) != x.size(0) || logits.size(1) != x.size(1) || logits.size(2) != c_.vocab_size) {
+      throw std::runtime_error("the model's output has shape " + shape_text(logits) + " for tokens of shape " + shape_text(x) +
+                               ", expected logits [batch, tokens, --vocab-size " + std::to_string(c_.vocab_size) + "]");
+    }
+    return loss_of(logits, y).to(torch::kFloat32);
   }
 
   static fsdp::OptimizerOptions optimizer_options(const TrainConfig& c) {
