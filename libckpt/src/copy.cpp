@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "ckpt/error.hpp"
 #include "ckpt/test_hooks.hpp"
@@ -51,57 +53,122 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> 
 
 std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, std::vector<CopyTask> tasks, std::size_t groups,
                                     const CopyOptions& options) {
+  std::uint64_t total = 0;
+  for (const CopyTask& t : tasks) total += t.length;
+  bool given = false;
+  return run_copy(
+      sinks,
+      [&](std::vector<CopyTask>& out) {
+        if (!std::exchange(given, true)) out = std::move(tasks);
+        return false;
+      },
+      total, groups, options);
+}
+
+std::vector<std::uint32_t> run_copy(PositionalSink& sink, const TaskSource& next, std::uint64_t total, std::size_t groups,
+                                    const CopyOptions& options) {
+  PositionalSink* const one[] = {&sink};
+  return run_copy(one, next, total, groups, options);
+}
+
+// NOTE [Tasks made as they are needed]: a checkpoint of 100,000 tensors makes hundreds of
+// thousands of tasks, and each holds what it reads from (an item's parse, its source). Made all at
+// once they would cost more than the copy's buffers by far. The engine keeps a queue instead: a
+// worker that finds it empty asks the source for the next tasks (under the lock, so the source
+// needs none of its own), and a task's closure is freed when it is done. Finished pieces are kept
+// for the CRCs only as (group, offset, length, crc), a piece that continues the last one of its
+// group merged into it, so tasks finished in order cost one record per group.
+std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, const TaskSource& next, std::uint64_t total,
+                                    std::size_t groups, const CopyOptions& options) {
   struct Done {
+    std::size_t group;
     std::uint64_t offset, length;
     std::uint32_t crc;
   };
-  std::vector<Done> done(tasks.size());
-  std::uint64_t total = 0;
-  for (const CopyTask& t : tasks) {
-    if (t.group >= groups) internal_error("run_copy: task group out of range");
-    if (t.sink >= sinks.size()) internal_error("run_copy: task sink out of range");
-    total += t.length;
-  }
   Progress& progress = options.progress ? *options.progress : no_progress();
   progress.start("copying", total);
 
-  std::mutex progress_mutex;
+  std::mutex mutex;  // guards everything below it, and calls of `next`
+  std::deque<CopyTask> queue;
+  std::vector<CopyTask> made;
+  bool exhausted = false;
+  std::uint64_t made_bytes = 0;
+  std::vector<Done> done;
+  std::atomic<bool> failed{false};
+
+  auto take = [&](CopyTask& t) {
+    while (queue.empty() && !exhausted) {
+      exhausted = !next(made);
+      for (CopyTask& m : made) {
+        if (m.group >= groups) internal_error("run_copy: task group out of range");
+        if (m.sink >= sinks.size()) internal_error("run_copy: task sink out of range");
+        made_bytes += m.length;
+        queue.push_back(std::move(m));
+      }
+      made.clear();
+    }
+    if (queue.empty()) return false;
+    t = std::move(queue.front());
+    queue.pop_front();
+    return true;
+  };
+  auto record = [&](const Done& d) {
+    if (!done.empty()) {
+      Done& last = done.back();
+      if (last.group == d.group && last.offset + last.length == d.offset) {
+        last.crc = detail::crc32_combine(last.crc, d.crc, d.length);
+        last.length += d.length;
+        return;
+      }
+    }
+    done.push_back(d);
+  };
+
   struct Buffers {
     std::vector<std::byte> buffer, scratch;
   };
-  detail::parallel_for<Buffers>(tasks.size(), options.threads, [&](std::size_t i, Buffers& b) {
-    if (options.task_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(options.task_delay_ms));
-    CopyTask& t = tasks[i];
-    PositionalSink& sink = *sinks[t.sink];
-    if (cancel_requested()) throw Error(ErrorKind::kCancelled, sink.name(), std::nullopt, "interrupted; nothing was written");
-    if (b.buffer.size() < t.length) b.buffer.resize(static_cast<std::size_t>(t.length));
-    const std::span<std::byte> out(b.buffer.data(), static_cast<std::size_t>(t.length));
-    t.fill(out, b.scratch);
-    const std::uint32_t crc = detail::crc32_update(0, out);
-    sink.write_at(t.offset, out);
-    test_hooks::crash_point("task");
-    done[i] = {t.offset, t.length, crc};
-    t.fill = nullptr;  // release what the closure holds (sources, item parses)
-    std::lock_guard lock(progress_mutex);
-    progress.advance(t.length);
+  const unsigned workers = copy_threads(options.threads);
+  detail::parallel_for<Buffers>(workers, workers, [&](std::size_t, Buffers& b) {
+    try {
+      while (!failed.load(std::memory_order_relaxed)) {
+        CopyTask t;
+        {
+          std::lock_guard lock(mutex);
+          if (!take(t)) return;
+        }
+        if (options.task_delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(options.task_delay_ms));
+        PositionalSink& sink = *sinks[t.sink];
+        if (cancel_requested()) throw Error(ErrorKind::kCancelled, sink.name(), std::nullopt, "interrupted; nothing was written");
+        if (b.buffer.size() < t.length) b.buffer.resize(static_cast<std::size_t>(t.length));
+        const std::span<std::byte> out(b.buffer.data(), static_cast<std::size_t>(t.length));
+        t.fill(out, b.scratch);
+        const std::uint32_t crc = detail::crc32_update(0, out);
+        sink.write_at(t.offset, out);
+        test_hooks::crash_point("task");
+        t.fill = nullptr;  // release what the closure holds (sources, item parses)
+        std::lock_guard lock(mutex);
+        record({t.group, t.offset, t.length, crc});
+        progress.advance(t.length);
+      }
+    } catch (...) {
+      failed = true;
+      throw;
+    }
   });
   progress.finish();
+  if (made_bytes != total) internal_error("run_copy: the tasks make " + std::to_string(made_bytes) + " bytes, not " + std::to_string(total));
 
   // Combine each group's pieces in offset order; they must tile the group without gaps.
-  std::vector<std::size_t> order(tasks.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return tasks[a].group != tasks[b].group ? tasks[a].group < tasks[b].group : done[a].offset < done[b].offset;
-  });
+  std::sort(done.begin(), done.end(), [](const Done& a, const Done& b) { return a.group != b.group ? a.group < b.group : a.offset < b.offset; });
   std::vector<std::uint32_t> crcs(groups, 0);
   std::vector<std::uint64_t> end(groups, 0);
   std::vector<bool> started(groups, false);
-  for (std::size_t i : order) {
-    const std::size_t g = tasks[i].group;
-    if (started[g] && done[i].offset != end[g]) internal_error("run_copy: the tasks of a CRC group leave a gap or overlap");
-    crcs[g] = started[g] ? detail::crc32_combine(crcs[g], done[i].crc, done[i].length) : done[i].crc;
+  for (const Done& d : done) {
+    const std::size_t g = d.group;
+    if (started[g] && d.offset != end[g]) internal_error("run_copy: the tasks of a CRC group leave a gap or overlap");
+    crcs[g] = started[g] ? detail::crc32_combine(crcs[g], d.crc, d.length) : d.crc;
     started[g] = true;
-    end[g] = done[i].offset + done[i].length;
+    end[g] = d.offset + d.length;
   }
   return crcs;
 }

@@ -49,6 +49,21 @@ struct CopyOptions {
 void request_cancel() noexcept;
 bool cancel_requested() noexcept;
 
+/// Makes tasks on demand (NOTE [Tasks made as they are needed] in copy.cpp): appends the next few
+/// to `out` and returns false once there are none left (it may append none and return true). The
+/// engine calls it, one call at a time, whenever the tasks in hand run out, so that what a task
+/// holds (an item's parse, its source) exists only for the tasks in flight, whatever the number
+/// of tensors. Throws ckpt::Error for bad input, which stops the copy as a task's error does.
+using TaskSource = std::function<bool(std::vector<CopyTask>& out)>;
+
+/// Runs every task `next` makes into `sinks[task.sink]`: `total` bytes in all (what progress
+/// counts; a different sum is an internal error). Otherwise as the run_copy below.
+std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, const TaskSource& next, std::uint64_t total,
+                                    std::size_t groups, const CopyOptions& options = {});
+/// One sink.
+std::vector<std::uint32_t> run_copy(PositionalSink& sink, const TaskSource& next, std::uint64_t total, std::size_t groups,
+                                    const CopyOptions& options = {});
+
 /// Runs every task into `sink` and returns the CRC-32 of each of `groups` groups (0 for a group
 /// with no task). On the first error the other workers stop and the error is rethrown here; the
 /// sink is left uncommitted (the caller's destructor then removes the temporary file). Throws

@@ -234,7 +234,8 @@ using DictBatches = std::function<std::vector<std::pair<ValuePtr, ValuePtr>>(std
 /// between batches except persistent nodes.
 void write_streamed(const Value& root, int protocol, const std::unordered_map<const Value*, DictBatches>& streamed,
                     const std::function<void(std::span<const std::byte>)>& out,
-                    const std::vector<ValuePtr>& persistent = {});
+                    const std::vector<ValuePtr>& persistent = {},
+                    const std::function<void(const PersistentId&)>& on_persistent_id = {});
 
 /// A readable one-line rendering for --meta and messages, Python repr-like: {'a': 1, 'b': [2.5]},
 /// objects as `module.name(args)` with `{state}`; at most `max_chars` characters.

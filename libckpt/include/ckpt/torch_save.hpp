@@ -102,6 +102,14 @@ struct TorchSaveRecord {
 /// them in order. `target` names the output in errors. Throws as write_torch_save does.
 std::vector<TorchSaveRecord> plan_torch_save(const pickle::Value& root, const TorchSaveWriteOptions& options,
                                              const std::string& target);
+/// The same for a tree too big to hold at once: each dict named in `streamed` is made batch by
+/// batch while data.pkl is written (pickle::write_streamed), `persistent` the nodes shared
+/// between batches (TorchSaveBuilder::shared_nodes()). The records equal plan_torch_save's of the
+/// whole tree.
+std::vector<TorchSaveRecord> plan_torch_save_streamed(const pickle::Value& root,
+                                                      const std::unordered_map<const pickle::Value*, pickle::DictBatches>& streamed,
+                                                      const std::vector<pickle::ValuePtr>& persistent,
+                                                      const TorchSaveWriteOptions& options, const std::string& target);
 
 /// Writes `root` as a torch.save archive. Each persistent id in the tree must be a torch storage
 /// tuple; `storage_data(key)` gives its bytes, which must hold numel × element size bytes. Records
@@ -130,6 +138,9 @@ class TorchSaveBuilder {
   pickle::ValuePtr tensor(std::size_t storage, std::vector<std::int64_t> shape);
   /// An nn.Parameter around `tensor` (`_rebuild_parameter`).
   pickle::ValuePtr parameter(pickle::ValuePtr tensor, bool requires_grad = true);
+  /// The nodes every tensor() shares (the persistent id's tag and location): what a streamed
+  /// write keeps memoized across batches, as CPython's pickler does.
+  std::vector<pickle::ValuePtr> shared_nodes() const { return {tag_, location_}; }
   /// Writes `root` with the storages added here.
   void write(ByteSink& sink, const pickle::Value& root, const TorchSaveWriteOptions& options = {}) const;
 
@@ -140,8 +151,11 @@ class TorchSaveBuilder {
     SourcePtr data;  ///< null for a reserved storage
     pickle::ValuePtr key;
   };
+  pickle::ValuePtr global(const std::string& module, const std::string& name);
   std::vector<Storage> storages_;
   pickle::ValuePtr tag_, location_, hooks_global_;
+  /// One node per global (the pickler memoizes globals by name, so sharing them changes no byte).
+  std::map<std::string, pickle::ValuePtr, std::less<>> globals_;
 };
 
 }  // namespace ckpt

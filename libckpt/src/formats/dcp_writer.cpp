@@ -275,45 +275,85 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   const std::uint64_t max_task = task_bytes(copy.threads);
   std::vector<std::unique_ptr<PositionalSink>> sinks;
   std::vector<PositionalSink*> targets;
-  std::vector<CopyTask> tasks;
   std::vector<DcpItem> items;
   struct Tail {
     std::size_t sink, tensor, chunk, first_group;
     std::uint64_t base;
   };
   std::vector<Tail> tails;
-  std::size_t groups = 0;
+  // Walks every item of every file in order, with where it goes and its first CRC group: once
+  // to lay the files out, again (one item a call) to make its tasks when the engine needs them.
+  struct Cursor {
+    std::size_t file = 0, item = 0, group = 0;
+    std::uint64_t at = 0;
+  };
+  auto length_of = [&](const DcpFilePlan::Ref& r) {
+    if (!r.tensor) return plan.objects[r.index].item->size();
+    const DcpPlanTensor& t = plan.tensors[r.index];
+    return archives.of(t.dtype, t.chunks[r.chunk].sizes).size();
+  };
+  auto groups_of = [&](const DcpFilePlan::Ref& r) {
+    if (!r.tensor) return std::size_t{1};
+    const DcpPlanTensor& t = plan.tensors[r.index];
+    return archives.of(t.dtype, t.chunks[r.chunk].sizes).records().size();
+  };
+  auto advance = [&](Cursor& c) {
+    const DcpFilePlan::Ref& r = files[c.file].items[c.item];
+    c.at += length_of(r);
+    c.group += groups_of(r);
+    if (++c.item == files[c.file].items.size()) {
+      if (c.at != files[c.file].size) internal_error("write_dcp_files: a file's size differs from its plan");
+      ++c.file;
+      c.item = 0;
+      c.at = 0;
+    }
+  };
+  auto skip_empty = [&](Cursor& c) {
+    while (c.file < files.size() && files[c.file].items.empty()) ++c.file;
+  };
+  Cursor lay;
+  std::uint64_t total = 0;
   for (const DcpFilePlan& f : files) {
-    const std::size_t s = sinks.size();
     sinks.push_back(open_positional_sink(dir / f.name, Overwrite::kYes));
     targets.push_back(sinks.back().get());
     sinks.back()->resize(f.size);
-    std::uint64_t at = 0;
-    for (const DcpFilePlan::Ref& r : f.items) {
-      const std::size_t first = tasks.size();
-      std::uint64_t length = 0;
-      if (!r.tensor) {
-        const DcpPlanObject& o = plan.objects[r.index];
-        length = o.item->size();
-        add_range_tasks(tasks, o.item, 0, length, at, groups++, max_task);
-      } else {
-        const DcpPlanTensor& t = plan.tensors[r.index];
-        const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
-        a.place_heads(*sinks.back(), at);
-        for (std::size_t i = 0; i < a.records().size(); ++i) {
-          if (a.records()[i].storage_key) t.chunks[r.chunk].add_tasks(tasks, at + a.data_offset(i), groups + i, max_task);
-        }
-        tails.push_back({s, r.index, r.chunk, groups, at});
-        groups += a.records().size();
-        length = a.size();
-      }
-      for (std::size_t k = first; k < tasks.size(); ++k) tasks[k].sink = s;
-      items.push_back(item_of(plan, r, f.name, at, length));
-      at += length;
-    }
-    if (at != f.size) internal_error("write_dcp_files: a file's size differs from its plan");
   }
-  const std::vector<std::uint32_t> crcs = run_copy(targets, std::move(tasks), groups, copy);
+  for (skip_empty(lay); lay.file < files.size(); skip_empty(lay)) {
+    const DcpFilePlan::Ref& r = files[lay.file].items[lay.item];
+    if (r.tensor) {
+      const DcpPlanTensor& t = plan.tensors[r.index];
+      const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+      a.place_heads(*sinks[lay.file], lay.at);
+      for (const TorchSaveRecord& rec : a.records()) total += rec.storage_key ? rec.size : 0;
+      tails.push_back({lay.file, r.index, r.chunk, lay.group, lay.at});
+    } else {
+      total += length_of(r);
+    }
+    items.push_back(item_of(plan, r, files[lay.file].name, lay.at, length_of(r)));
+    advance(lay);
+  }
+  const std::size_t groups = lay.group;
+  Cursor make;
+  const TaskSource next = [&](std::vector<CopyTask>& out) {
+    skip_empty(make);
+    if (make.file == files.size()) return false;
+    const DcpFilePlan::Ref& r = files[make.file].items[make.item];
+    const std::size_t first = out.size();
+    if (!r.tensor) {
+      const DcpPlanObject& o = plan.objects[r.index];
+      add_range_tasks(out, o.item, 0, o.item->size(), make.at, make.group, max_task);
+    } else {
+      const DcpPlanTensor& t = plan.tensors[r.index];
+      const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+      for (std::size_t i = 0; i < a.records().size(); ++i) {
+        if (a.records()[i].storage_key) t.chunks[r.chunk].add_tasks(out, make.at + a.data_offset(i), make.group + i, max_task);
+      }
+    }
+    for (std::size_t k = first; k < out.size(); ++k) out[k].sink = make.file;
+    advance(make);
+    return true;
+  };
+  const std::vector<std::uint32_t> crcs = run_copy(targets, next, total, groups, copy);
   for (const Tail& t : tails) {
     const DcpPlanTensor& tensor = plan.tensors[t.tensor];
     const ArchivePlan& a = archives.of(tensor.dtype, tensor.chunks[t.chunk].sizes);

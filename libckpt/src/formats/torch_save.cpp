@@ -439,7 +439,9 @@ TorchSaveFile read_torch_save(SourcePtr source) {
 
 // ---- writing ---------------------------------------------------------------------------------
 
-std::vector<TorchSaveRecord> plan_torch_save(const Value& root, const TorchSaveWriteOptions& options, const std::string& target) {
+namespace {
+std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, const std::string& target,
+                                          const std::function<std::vector<std::byte>(const std::function<void(const pickle::PersistentId&)>&)>& pickle_root) {
   std::vector<TorchSaveRecord> storages;
   std::unordered_set<std::string> seen;
   auto on_pid = [&](const pickle::PersistentId& p) {
@@ -461,7 +463,7 @@ std::vector<TorchSaveRecord> plan_torch_save(const Value& root, const TorchSaveW
     const std::uint64_t size = static_cast<std::uint64_t>(*(*pid)[4]->int64()) * es;
     storages.push_back({"data/" + key, size, {}, key});
   };
-  std::vector<std::byte> pkl = pickle::write(root, 2, on_pid);
+  std::vector<std::byte> pkl = pickle_root(on_pid);
   // torch 1.13 writes storages in sorted(key) order, strings compared ("10" before "2"); torch 2.x
   // with .format_version 1 in numeric key order.
   auto numeric = [](const std::string& k) {
@@ -492,6 +494,22 @@ std::vector<TorchSaveRecord> plan_torch_save(const Value& root, const TorchSaveW
   for (TorchSaveRecord& r : storages) records.push_back(std::move(r));
   literal("version", "3\n");
   return records;
+}
+}  // namespace
+
+std::vector<TorchSaveRecord> plan_torch_save(const Value& root, const TorchSaveWriteOptions& options, const std::string& target) {
+  return plan_records(options, target, [&](const auto& on_pid) { return pickle::write(root, 2, on_pid); });
+}
+
+std::vector<TorchSaveRecord> plan_torch_save_streamed(const Value& root, const std::unordered_map<const Value*, pickle::DictBatches>& streamed,
+                                                      const std::vector<ValuePtr>& persistent, const TorchSaveWriteOptions& options,
+                                                      const std::string& target) {
+  return plan_records(options, target, [&](const auto& on_pid) {
+    std::vector<std::byte> pkl;
+    pickle::write_streamed(root, 2, streamed, [&](std::span<const std::byte> b) { pkl.insert(pkl.end(), b.begin(), b.end()); }, persistent,
+                           on_pid);
+    return pkl;
+  });
 }
 
 void write_torch_save(ByteSink& sink, const Value& root, const std::function<SourcePtr(const std::string&)>& storage_data,
@@ -566,13 +584,20 @@ pickle::ValuePtr TorchSaveBuilder::tensor(std::size_t storage, std::vector<std::
     return pickle::make_tuple(std::move(out));
   };
   ValuePtr pid = pickle::make_persistent_id(pickle::make_tuple(
-      {tag_, legacy ? pickle::make_global("torch", std::string(di.storage_class)) : pickle::make_global("torch.storage", "UntypedStorage"),
+      {tag_, legacy ? global("torch", std::string(di.storage_class)) : global("torch.storage", "UntypedStorage"),
        s.key, location_, pickle::make_int(legacy ? numel : static_cast<std::int64_t>(s.nbytes))}));
   std::vector<ValuePtr> args{pid, pickle::make_int(storage_offset), ints(shape), ints(stride), pickle::make_bool(false),
                              pickle::make_object(hooks_global_, pickle::BuildOp::kReduce, pickle::make_tuple())};
-  if (!legacy) args.push_back(pickle::make_global("torch", std::string(di.name)));
-  return pickle::make_object(pickle::make_global("torch._utils", legacy ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"),
+  if (!legacy) args.push_back(global("torch", std::string(di.name)));
+  return pickle::make_object(global("torch._utils", legacy ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"),
                              pickle::BuildOp::kReduce, pickle::make_tuple(std::move(args)));
+}
+
+pickle::ValuePtr TorchSaveBuilder::global(const std::string& module, const std::string& name) {
+  const std::string key = module + "." + name;
+  auto it = globals_.find(key);
+  if (it == globals_.end()) it = globals_.emplace(key, pickle::make_global(module, name)).first;
+  return it->second;
 }
 
 pickle::ValuePtr TorchSaveBuilder::parameter(pickle::ValuePtr tensor, bool requires_grad) {

@@ -265,6 +265,46 @@ class Merger {
     return nullptr;
   }
 
+  const StorageSource& storage_of(const TorchSaveRecord& r) const {
+    std::size_t idx = 0;
+    std::from_chars(r.storage_key->data(), r.storage_key->data() + r.storage_key->size(), idx);
+    return storages_.at(idx);
+  }
+
+  // The output tree with its big dicts (a state dict's thousands of entries) as placeholders that
+  // data.pkl's writer fills batch by batch, so that the tensors' pickle nodes never stand in
+  // memory all at once. Storages are numbered as they are written, which is the order to_value
+  // gives them too.
+  ValuePtr to_streamed_value(const Node& n, std::unordered_map<const Value*, pickle::DictBatches>& streamed) {
+    constexpr std::size_t kBatch = 1000;  // pickle's batch, the most a DictBatches call may give
+    if (n.kind == Node::kDict && n.dict.size() > kBatch) {
+      ValuePtr placeholder = pickle::make_dict({});
+      streamed.emplace(placeholder.get(), [this, &n](std::size_t done) {
+        std::vector<std::pair<ValuePtr, ValuePtr>> items;
+        for (std::size_t i = done; i < n.dict.size() && i < done + kBatch; ++i) {
+          const auto& [k, c] = n.dict[i];
+          items.emplace_back(k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text), to_value(*c));
+        }
+        return items;
+      });
+      return placeholder;
+    }
+    if (n.kind == Node::kDict) {
+      std::vector<std::pair<ValuePtr, ValuePtr>> items;
+      for (const auto& [k, c] : n.dict) {
+        ValuePtr key = k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text);
+        items.emplace_back(std::move(key), to_streamed_value(*c, streamed));
+      }
+      return pickle::make_dict(std::move(items));
+    }
+    if (n.kind == Node::kList) {
+      std::vector<ValuePtr> items;
+      for (const auto& c : n.list) items.push_back(to_streamed_value(*c, streamed));
+      return pickle::make_list(std::move(items));
+    }
+    return to_value(n);
+  }
+
   MergedEntry entry_of(const Leaf& l, const std::string& file) const {
     MergedEntry e;
     e.name = l.name;
@@ -297,22 +337,16 @@ class Merger {
       }
       set_element(root, l, where);
     }
-    ValuePtr tree = to_value(root);
+    std::unordered_map<const Value*, pickle::DictBatches> streamed;
+    ValuePtr tree = to_streamed_value(root, streamed);
     std::string archive = output_.stem().string();
     if (archive.empty()) archive = "archive";
-    const detail::ArchivePlan plan(archive, plan_torch_save(*tree, {archive, TorchSaveLayout::kCurrent}, output_.string()));
+    const detail::ArchivePlan plan(archive, plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent},
+                                                                     output_.string()));
     const std::vector<TorchSaveRecord>& records = plan.records();
+    std::uint64_t data_bytes = 0;
     for (std::size_t i = 0; i < records.size(); ++i) {
-      const TorchSaveRecord& r = records[i];
-      if (!r.storage_key) continue;
-      std::size_t idx = 0;
-      std::from_chars(r.storage_key->data(), r.storage_key->data() + r.storage_key->size(), idx);
-      const StorageSource& s = storages_.at(idx);
-      if (s.tensor) {
-        detail::add_box_tasks(tasks_, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), i, task_bytes_);
-      } else {
-        add_range_tasks(tasks_, s.raw, 0, s.raw->size(), plan.data_offset(i), i, task_bytes_);
-      }
+      if (records[i].storage_key) data_bytes += records[i].size;
     }
     const std::uint64_t total = plan.size();
 
@@ -332,7 +366,23 @@ class Merger {
     auto sink = open_positional_sink(output_, o_.overwrite);
     sink->resize(total);
     plan.place_heads(*sink, 0);
-    const std::vector<std::uint32_t> crcs = run_copy(*sink, std::move(tasks_), records.size(), {o_.threads, o_.progress, o_.task_delay_ms});
+    // A storage record's tasks are made when the engine needs them (NOTE [Tasks made as they are needed]).
+    std::size_t i = 0;
+    const TaskSource next = [&](std::vector<CopyTask>& out) {
+      for (; i < records.size(); ++i) {
+        if (!records[i].storage_key) continue;
+        const StorageSource& s = storage_of(records[i]);
+        if (s.tensor) {
+          detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), i, task_bytes_);
+        } else {
+          add_range_tasks(out, s.raw, 0, s.raw->size(), plan.data_offset(i), i, task_bytes_);
+        }
+        ++i;
+        return true;
+      }
+      return false;
+    };
+    const std::vector<std::uint32_t> crcs = run_copy(*sink, next, data_bytes, records.size(), {o_.threads, o_.progress, o_.task_delay_ms});
     plan.place_tail(*sink, 0, crcs);
     sink->commit();
     return result;
@@ -432,15 +482,17 @@ class Merger {
     const std::filesystem::path into = dir ? detail::fresh_dir(output_, ".tmp." + std::to_string(::getpid())) : output_.parent_path();
     try {
       for (const Planned& p : files) {
-        tasks_.clear();
-        for (std::size_t i = 0; i < p.leaves.size(); ++i) {
-          const Leaf& l = *p.leaves[i];
-          detail::add_box_tasks(tasks_, reader_, *l.tensor, detail::whole(*l.tensor), l.out, p.layout.begins[i], 0, task_bytes_);
-        }
         auto sink = open_positional_sink(dir ? into / p.name : output_, dir ? Overwrite::kNo : o_.overwrite);
         sink->resize(p.layout.size);
         sink->write_at(0, p.layout.head);
-        run_copy(*sink, std::move(tasks_), 1, {o_.threads, o_.progress, o_.task_delay_ms});
+        std::size_t i = 0;
+        const TaskSource next = [&](std::vector<CopyTask>& out) {
+          if (i == p.leaves.size()) return false;
+          const Leaf& l = *p.leaves[i];
+          detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, p.layout.begins[i], 0, task_bytes_);
+          return ++i < p.leaves.size();
+        };
+        run_copy(*sink, next, p.layout.size - p.layout.head.size(), 1, {o_.threads, o_.progress, o_.task_delay_ms});
         sink->commit();
       }
       if (!index.empty()) {
@@ -479,10 +531,13 @@ class Merger {
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
     // One CRC group per dataset (HDF5 keeps no CRC): libhdf5 puts its own records between
     // datasets once there are many, so the datasets together do not tile one range.
-    for (std::size_t i = 0; i < leaves.size(); ++i) {
-      detail::add_box_tasks(tasks_, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], i, task_bytes_);
-    }
-    run_copy(*sink, std::move(tasks_), leaves.size(), {o_.threads, o_.progress, o_.task_delay_ms});
+    std::size_t i = 0;
+    const TaskSource next = [&](std::vector<CopyTask>& out) {
+      if (i == leaves.size()) return false;
+      detail::add_box_tasks(out, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], i, task_bytes_);
+      return ++i < leaves.size();
+    };
+    run_copy(*sink, next, result.tensor_bytes, leaves.size(), {o_.threads, o_.progress, o_.task_delay_ms});
     sink->commit();
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);
@@ -497,7 +552,6 @@ class Merger {
   std::size_t dropped_ = 0;
   TorchSaveBuilder builder_;
   std::vector<StorageSource> storages_;
-  std::vector<CopyTask> tasks_;
   std::uint64_t task_bytes_ = task_bytes(o_.threads);
 };
 

@@ -480,9 +480,9 @@ std::vector<std::byte> write(const Value& root, int protocol, const std::functio
 }
 
 void write_streamed(const Value& root, int protocol, const std::unordered_map<const Value*, DictBatches>& streamed,
-                    const std::function<void(std::span<const std::byte>)>& out, const std::vector<ValuePtr>& persistent) {
-  const std::function<void(const PersistentId&)> no_pids;
-  Pickler p(protocol, no_pids);
+                    const std::function<void(std::span<const std::byte>)>& out, const std::vector<ValuePtr>& persistent,
+                    const std::function<void(const PersistentId&)>& on_pid) {
+  Pickler p(protocol, on_pid);
   p.stream_to(streamed, out, persistent);
   p.run(root);
 }
