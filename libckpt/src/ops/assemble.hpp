@@ -21,8 +21,9 @@ namespace ckpt::detail {
 
 /// Adds to `tasks` (CRC group `group`) the tasks that write box `dest` of `tensor`, as `out`
 /// elements, C-contiguous from offset `base` of the output. `reader` and `tensor` must outlive
-/// the tasks. Reads every chunk's item header now, so that a missing file or a bad item fails
-/// before any output exists; compressed items are decoded when their task runs. Throws
+/// the tasks. Reads every chunk's item header now (callers make a tensor's tasks when the engine
+/// needs them, into an uncommitted output, so a missing file or a bad item leaves nothing);
+/// compressed items are decoded when their task runs. Throws
 /// kFormat/kMismatch for chunks that do not tile `dest` or items that disagree with the metadata,
 /// and kInvalidArgument when one task would need more than `max_memory` bytes: a row of a gathered
 /// band, or a compressed item, which its task decodes whole.

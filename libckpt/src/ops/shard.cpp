@@ -401,10 +401,17 @@ class Sharder {
       for (std::size_t k : chunk_order(i)) {
         const Holding& h = held_[i][k];
         out.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
+        // The closure names its holding by index (16 bytes: no allocation of its own); the box is
+        // made when the tasks are.
+        if (i > 0xffffffffu || k > 0xffffffffu) internal_error("shard: more than 2^32 entries or chunks");
+        const std::uint64_t at = (std::uint64_t{static_cast<std::uint32_t>(i)} << 32) | static_cast<std::uint32_t>(k);
         t.chunks.push_back({owner_[i][k], h.offsets, h.sizes,
-                            [this, tensor = e.tensor, box = Box{h.offsets, h.sizes}, dtype = e.out](
-                                std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task) {
-                              detail::add_box_tasks(tasks, reader_, *tensor, box, dtype, base, group, max_task, o_.max_memory);
+                            [this, at](std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task) {
+                              const std::size_t ei = at >> 32, hi = at & 0xffffffffu;
+                              const Entry& entry = entries_[ei];
+                              const Holding& hold = held_[ei][hi];
+                              detail::add_box_tasks(tasks, reader_, *entry.tensor, Box{hold.offsets, hold.sizes}, entry.out, base, group,
+                                                    max_task, o_.max_memory);
                             }});
       }
       plan_.tensors.push_back(std::move(t));
