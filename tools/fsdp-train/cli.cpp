@@ -130,20 +130,11 @@ void validate(TrainConfig& c) {
   if (c.tie_weights) throw std::runtime_error("--tie-weights is for --model gpt; a --model-script ties what it ties");
 }
 
-std::optional<std::pair<int, int>> hybrid_mesh(const TrainConfig& c, int world, int local_world) {
-  if (c.sharding_strategy != "HYBRID_SHARD") {
-    if (!c.device_mesh.empty()) throw std::runtime_error("--device-mesh is HYBRID_SHARD's; this run's --sharding-strategy is " + c.sharding_strategy);
-    return std::nullopt;
-  }
+std::optional<std::pair<int, int>> explicit_mesh(const TrainConfig& c, int world) {
+  if (c.device_mesh.empty()) return std::nullopt;
+  if (c.sharding_strategy != "HYBRID_SHARD") throw std::runtime_error("--device-mesh is HYBRID_SHARD's; this run's --sharding-strategy is " + c.sharding_strategy);
   int r = 0, s = 0;
-  if (c.device_mesh.empty()) {
-    s = std::max(1, std::min(local_world, world));
-    if (world % s != 0) {
-      throw std::runtime_error("HYBRID_SHARD shards within a machine by default, but " + std::to_string(s) + " ranks per machine do not divide " +
-                               std::to_string(world) + " ranks: give --device-mesh R,S");
-    }
-    r = world / s;
-  } else if (std::sscanf(c.device_mesh.c_str(), "%d,%d", &r, &s) != 2 || r < 1 || s < 1 || r * s != world) {
+  if (std::sscanf(c.device_mesh.c_str(), "%d,%d", &r, &s) != 2 || r < 1 || s < 1 || (world > 0 && r * s != world)) {
     throw std::runtime_error("--device-mesh " + c.device_mesh + " does not fit " + std::to_string(world) +
                              " ranks (replicas x shards must equal the world size)");
   }

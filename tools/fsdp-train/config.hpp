@@ -68,11 +68,11 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c);
 /// follows from them (--model-script makes the model "script"). Throws std::runtime_error.
 void validate(TrainConfig& c);
 
-/// HYBRID_SHARD's mesh as (replicas, shards) for a world of `world` ranks, `local_world` of them
-/// on this machine: --device-mesh, or by default PyTorch's (sharded within a machine, replicated
-/// across machines). std::nullopt for the other strategies. Throws std::runtime_error when
-/// --device-mesh is given to another strategy or does not fit the world.
-std::optional<std::pair<int, int>> hybrid_mesh(const TrainConfig& c, int world, int local_world);
+/// HYBRID_SHARD's mesh as --device-mesh gives it, (replicas, shards); std::nullopt without it
+/// (the strategy then shards within a machine and replicates across machines, as PyTorch does).
+/// Throws std::runtime_error when --device-mesh is given to another strategy, or does not fit a
+/// world of `world` ranks (0: not checked).
+std::optional<std::pair<int, int>> explicit_mesh(const TrainConfig& c, int world = 0);
 
 /// The learning rate at `step` (1-based): linear warmup over `warmup` steps, then cosine decay to
 /// min_lr at `steps` (nanoGPT's schedule).

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
       if (env.contains("RANK") || env.contains("SLURM_PROCID")) {
         throw std::runtime_error("--nproc starts ranks itself; it cannot be used under a launcher that set RANK or SLURM_PROCID");
       }
-      fsdp_train::hybrid_mesh(config, config.nproc, config.nproc);  // a bad mesh is refused before any rank starts
+      fsdp_train::explicit_mesh(config, config.nproc);  // a bad mesh is refused before any rank starts
       return fsdp_train::launch_local(config.nproc, argc, argv);
     }
     fsdp_tools::test_hooks_from_environment();  // tests only: FSDP_TEST_CRASH_AT kills a rank mid-save

@@ -30,6 +30,7 @@
 #include "fsdp/optim.hpp"
 #include "fsdp/process_group.hpp"
 #include "fsdp/script_module.hpp"
+#include "fsdp/strategy.hpp"
 
 namespace fsdp_train {
 namespace {
@@ -158,22 +159,35 @@ void check_same_model(const TrainConfig& c, const pk::ValuePtr& meta, const fs::
 
 class Trainer {
  public:
-  /// `mesh`: HYBRID_SHARD's (nullptr for the other strategies).
-  Trainer(const TrainConfig& c, fsdp::ProcessGroup& pg, fsdp::DeviceMesh* mesh)
-      : c_(c), pg_(pg), rank_(pg.rank()), world_(pg.size()),
+  /// Sets the model and its optimizer up through `strategy` (whose environment is set up).
+  Trainer(const TrainConfig& c, fsdp::Strategy& strategy)
+      : c_(c), strategy_(strategy), pg_(strategy.group()), rank_(pg_.rank()), world_(pg_.size()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
-        model_(build_model(c)),
-        fsdp_(wrap(model_, c, pg, mesh)),
-        opt_(fsdp_, optimizer_options(c)) {}
+        fsdp_(strategy.setup_module(build_model(c))),
+        opt_(strategy.setup_optimizer(optimizer_options(c))) {}
+
+  /// fsdp-train's options as the strategy's (Fabric's FSDPStrategy arguments): the registry's
+  /// --strategy, with every other option set explicitly.
+  static fsdp::StrategyOptions strategy_options(const TrainConfig& c, int rank) {
+    fsdp::StrategyOptions o = fsdp::registered_strategy(c.strategy);
+    o.process_group_backend = fsdp::backend_from_string(c.backend);
+    o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.timeout * 1000));
+    o.precision = c.precision;
+    o.mixed_precision = mixed_precision(c);
+    o.auto_wrap_policy = wrap_policy(c);
+    if (c.activation_checkpointing) o.activation_checkpointing_policy = [](const std::string& child) { return child.rfind("block", 0) == 0; };
+    o.backward_prefetch = c.backward_prefetch == "BACKWARD_PRE";
+    o.forward_prefetch = c.forward_prefetch;
+    o.sharding_strategy = c.sharding_strategy;
+    o.state_dict_type = c.state_dict_type;
+    o.device_mesh = explicit_mesh(c);  // none: the strategy's default, one replica per machine
+    o.warn = [rank](const std::string& m) {
+      if (rank == 0) std::cerr << "fsdp-train: warning: " << m << std::endl;
+    };
+    return o;
+  }
 
   int run() {
-    if (c_.strategy == "fsdp_cpu_offload") {
-      say("warning: --strategy fsdp_cpu_offload has no effect on the CPU: parameters, gradients and optimizer state are in host memory already");
-    }
-    fsdp_.set_prefetch(c_.forward_prefetch, c_.backward_prefetch == "BACKWARD_PRE");
-    if (c_.activation_checkpointing) {
-      fsdp_.set_activation_checkpointing([](const std::string& child) { return child.rfind("block", 0) == 0; });
-    }
     std::int64_t start = 0;
     if (!c_.resume.empty()) start = resume();
     if (rank_ == 0 && !c_.log_jsonl.empty()) {
@@ -287,12 +301,6 @@ class Trainer {
     return m;
   }
 
-  static fsdp::FullyShardedSequential wrap(const torch::nn::Sequential& m, const TrainConfig& c, fsdp::ProcessGroup& pg, fsdp::DeviceMesh* mesh) {
-    const fsdp::ShardingStrategy s = fsdp::sharding_strategy_from_string(c.sharding_strategy);
-    if (mesh) return fsdp::FullyShardedSequential(m, *mesh, s, mixed_precision(c), wrap_policy(c));
-    return fsdp::FullyShardedSequential(m, pg, s, mixed_precision(c), wrap_policy(c));
-  }
-
   static fsdp::WrapPolicy wrap_policy(const TrainConfig& c) {
     fsdp::WrapPolicy w;
     if (c.auto_wrap == "block") {
@@ -310,13 +318,9 @@ class Trainer {
       if (name.empty()) return std::nullopt;
       return name == "bfloat16" ? torch::kBFloat16 : name == "float16" ? torch::kHalf : torch::kFloat;
     };
-    if (auto d = dtype(c.param_dtype)) {
-      mp.param_dtype = d;
-      if (c.reduce_dtype.empty()) mp.reduce_dtype.reset();  // then the parameter dtype's, as FSDP's default
-    }
-    if (auto d = dtype(c.reduce_dtype)) mp.reduce_dtype = d;
-    if (auto d = dtype(c.buffer_dtype)) mp.buffer_dtype = d;
-    return mp;
+    const auto param = dtype(c.param_dtype), reduce = dtype(c.reduce_dtype), buffer = dtype(c.buffer_dtype);
+    if (param) return {param, reduce, buffer ? buffer : mp.buffer_dtype};  // no reduce dtype: the parameter dtype's, as FSDP's default
+    return {mp.param_dtype, reduce ? reduce : mp.reduce_dtype, buffer ? buffer : mp.buffer_dtype};
   }
 
   /// Lightning's "bf16-mixed": forward and loss under CPU autocast to bfloat16.
@@ -471,28 +475,21 @@ class Trainer {
   void save(std::int64_t step) {
     const bool full = c_.state_dict_type == "full";
     const fs::path dir = fs::path(c_.ckpt_dir) / (step_dir_name(step) + (full ? ".pt" : ""));
-    std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> meta;
-    auto put = [&](const char* k, pk::ValuePtr v) { meta.emplace_back(pk::make_str(k), std::move(v)); };
-    put("format", pk::make_str("fsdp-train"));
-    put("format_version", pk::make_int(1));
-    put("step", pk::make_int(step));
-    put("world_size", pk::make_int(world_));
-    put("config", config_dict(c_, world_));
-    put("scheduler", pk::make_dict({{pk::make_str("last_epoch"), pk::make_int(step)},
-                                    {pk::make_str("last_lr"), pk::make_float(learning_rate(c_, step))}}));
-    put("data", pk::make_dict({{pk::make_str("seed"), pk::make_int(static_cast<std::int64_t>(c_.seed))},
-                               {pk::make_str("next_step"), pk::make_int(step + 1)}}));
-    fsdp::SaveOptions o;
-    o.optimizer = &opt_;
-    o.meta = pk::make_dict(std::move(meta));
+    // Fabric's save: the model, its optimizer, and the values that go to meta.pt (a full file's
+    // top level).
+    fsdp::State state{{"model", &fsdp_}, {"optimizer", &opt_}};
+    state["format"] = pk::make_str("fsdp-train");
+    state["format_version"] = pk::make_int(1);
+    state["step"] = pk::make_int(step);
+    state["world_size"] = pk::make_int(world_);
+    state["config"] = config_dict(c_, world_);
+    state["scheduler"] = pk::make_dict({{pk::make_str("last_epoch"), pk::make_int(step)},
+                                        {pk::make_str("last_lr"), pk::make_float(learning_rate(c_, step))}});
+    state["data"] = pk::make_dict({{pk::make_str("seed"), pk::make_int(static_cast<std::int64_t>(c_.seed))},
+                                   {pk::make_str("next_step"), pk::make_int(step + 1)}});
     const auto t0 = std::chrono::steady_clock::now();
     if (rank_ == 0) fs::create_directories(full ? dir.parent_path() : dir);
-    pg_.barrier();
-    if (full) {
-      fsdp::save_full(dir, fsdp_, pg_, o);
-    } else {
-      fsdp::save_sharded(dir, fsdp_, pg_, o);
-    }
+    strategy_.save_checkpoint(dir, state);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rank_ == 0) {
       char buf[64];
@@ -546,9 +543,10 @@ class Trainer {
     if (!fs::is_regular_file(path) && !fs::exists(path / ".metadata")) {
       throw std::runtime_error(path.string() + ": not a complete checkpoint (no .metadata)");
     }
-    fsdp::LoadOptions o;
-    o.optimizer = &opt_;
-    const pk::ValuePtr meta = fsdp::load_sharded(path, fsdp_, pg_, o);
+    // Strict for the model (every parameter, nothing else under model.*); the rest (step, config)
+    // comes back as what was saved besides: a PyTorch or Lightning checkpoint may lack it.
+    fsdp::State state{{"model", &fsdp_}, {"optimizer", &opt_}};
+    const pk::ValuePtr meta = strategy_.load_checkpoint(path, state, /*strict=*/true);
     check_same_model(c_, meta, path);
     std::int64_t step = opt_.steps();
     if (const pk::Value* s = lookup(meta.get(), "step"); s && s->int64()) step = *s->int64();
@@ -557,12 +555,12 @@ class Trainer {
   }
 
   const TrainConfig& c_;
+  fsdp::Strategy& strategy_;
   fsdp::ProcessGroup& pg_;
   int rank_, world_;
   TokenData data_;
-  torch::nn::Sequential model_;
-  fsdp::FullyShardedSequential fsdp_;
-  fsdp::ShardedOptimizer opt_;
+  fsdp::FullyShardedSequential& fsdp_;
+  fsdp::ShardedOptimizer& opt_;
   std::ofstream log_;
   bool bar_ = rank_ == 0 && !c_.quiet && ::isatty(STDERR_FILENO);
 };
@@ -571,35 +569,23 @@ class Trainer {
 
 int run_rank(const TrainConfig& config, const std::map<std::string, std::string>& env) {
   install_stop_handlers();
-  std::optional<fsdp::Rendezvous> where = fsdp::Rendezvous::from_environment(env);
-  fs::path store;
-  if (!where) {
-    where.emplace();
-    store = fs::temp_directory_path() / ("fsdp-train-" + std::to_string(::getpid()) + ".store");
-    where->file_store = store.string();
-  }
-  int local_world = where->world_size;
+  const std::optional<fsdp::Rendezvous> where = fsdp::Rendezvous::from_environment(env);
+  const int rank = where ? where->rank : 0, world = where ? where->world_size : 1;
+  explicit_mesh(config, world);  // a mesh that does not fit, in the command line's words
+  int local_world = world;
   if (auto it = env.find("LOCAL_WORLD_SIZE"); it != env.end()) local_world = std::max(1, std::atoi(it->second.c_str()));
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   torch::set_num_threads(config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
-  int status = 0;
-  {
-    fsdp::ProcessGroup pg(*where, fsdp::backend_from_string(config.backend),
-                          std::chrono::milliseconds(static_cast<std::int64_t>(config.timeout * 1000)));
-    try {
-      std::unique_ptr<fsdp::DeviceMesh> mesh;
-      if (const auto rs = hybrid_mesh(config, pg.size(), local_world)) mesh = std::make_unique<fsdp::DeviceMesh>(pg, rs->first, rs->second);
-      Trainer trainer(config, pg, mesh.get());
-      status = trainer.run();
-    } catch (const std::exception& e) {
-      throw std::runtime_error("rank " + std::to_string(pg.rank()) + ": " + e.what());
-    }
+  // The strategy joins the ranks (a world of one through a FileStore it removes), makes
+  // HYBRID_SHARD's mesh, and sets the model and optimizer up as Fabric's FSDPStrategy does.
+  fsdp::Strategy strategy(Trainer::strategy_options(config, rank));
+  try {
+    strategy.setup_environment(env);
+    Trainer trainer(config, strategy);
+    return trainer.run();
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(rank) + ": " + e.what());
   }
-  if (!store.empty()) {
-    std::error_code ec;
-    fs::remove(store, ec);
-  }
-  return status;
 }
 
 }  // namespace fsdp_train
