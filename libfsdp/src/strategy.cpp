@@ -114,6 +114,21 @@ FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
   const WrapPolicy policy = options_.auto_wrap_policy.value_or(WrapPolicy{});
   if (mesh_) modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed, policy));
   else modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed, policy));
+  return adopt();
+}
+
+FullyShardedSequential& Strategy::setup_module(std::unique_ptr<FullyShardedSequential> wrapped) {
+  if (!wrapped) throw Error("setup_module: no model");
+  group();  // the environment first, as for a model the strategy wraps
+  if (options_.auto_wrap_policy) {
+    warn("A FSDP auto_wrap_policy is set, but the model is already wrapped. The policy will be ignored.");
+    options_.auto_wrap_policy.reset();
+  }
+  modules_.push_back(std::move(wrapped));
+  return adopt();
+}
+
+FullyShardedSequential& Strategy::adopt() {
   FullyShardedSequential& m = *modules_.back();
   m.set_prefetch(options_.forward_prefetch, options_.backward_prefetch);
   if (const auto& which = options_.activation_checkpointing_policy ? options_.activation_checkpointing_policy : options_.activation_checkpointing) {

@@ -133,6 +133,23 @@ void errors_table() {
   expect_error("an optimizer made before setup_module", [&] { s.setup_optimizer(early); }, "create the optimizer after setting up the model");
   torch::optim::SGD late(m.parameters(), torch::optim::SGDOptions(0.1));
   s.setup_optimizer(late);  // accepted
+  {
+    // A model the user wrapped already is left as it is: the policy is ignored, with the seed's
+    // warning, and the same model (same units) comes back.
+    std::vector<std::string> said;
+    auto w = fsdp::registered_strategy("fsdp");
+    w.auto_wrap_policy = fsdp::WrapPolicy{};
+    w.auto_wrap_policy->min_num_params = 1 << 20;  // would make one unit of everything
+    w.warn = [&](const std::string& x) { said.push_back(x); };
+    fsdp::Strategy ws(w);
+    ws.setup_environment({});
+    auto mine = std::make_unique<fsdp::FullyShardedSequential>(model(1), ws.group(), fsdp::ShardingStrategy::kFullShard);
+    const fsdp::FullyShardedSequential* before = mine.get();
+    fsdp::FullyShardedSequential& adopted = ws.setup_module(std::move(mine));
+    EXPECT(&adopted == before && adopted.units().size() == 2);  // its own units: each Linear
+    EXPECT(said.size() == 1 && said[0] == "A FSDP auto_wrap_policy is set, but the model is already wrapped. The policy will be ignored.");
+    EXPECT(!ws.options().auto_wrap_policy);
+  }
   auto& opt = s.setup_optimizer(fsdp::OptimizerOptions{});
   train(m, opt, 0, 1);
 

@@ -97,6 +97,10 @@ class Strategy {
   /// Wraps `module` into FSDP units by the policy, sharded by the strategy, activation
   /// checkpointing applied. The strategy owns the result.
   FullyShardedSequential& setup_module(torch::nn::Sequential module);
+  /// A model the user wrapped already (its units made as they chose): left as it is, as the
+  /// seed leaves an FSDP-wrapped module. An auto_wrap_policy is then ignored, with the seed's
+  /// warning; prefetching and activation checkpointing are applied. The strategy takes it over.
+  FullyShardedSequential& setup_module(std::unique_ptr<FullyShardedSequential> wrapped);
   /// An optimizer over the model's shards (setup_module first). The strategy owns it.
   ShardedOptimizer& setup_optimizer(const OptimizerOptions& options);
   /// Checks that a torch optimizer steps the model's shards: one made before setup_module (over
@@ -127,6 +131,8 @@ class Strategy {
 
  private:
   void warn(const std::string& message);
+  /// The newest model: prefetching and activation checkpointing set as the options say.
+  FullyShardedSequential& adopt();
 
   StrategyOptions options_;
   ShardingStrategy sharding_;
