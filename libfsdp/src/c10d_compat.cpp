@@ -113,11 +113,12 @@ GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milli
     } else {
       c10d::TCPStoreOptions o;
       o.port = static_cast<std::uint16_t>(where.master_port);
-      o.isServer = where.rank == 0;
+      o.isServer = where.rank == 0 && where.agent_store_prefix.empty();  // torchrun's agent serves it already
       o.numWorkers = static_cast<std::size_t>(where.world_size);
       o.waitWorkers = true;
       o.timeout = timeout;
       g->store = c10::make_intrusive<c10d::TCPStore>(where.master_addr, o);
+      if (!where.agent_store_prefix.empty()) g->store = c10::make_intrusive<c10d::PrefixStore>(where.agent_store_prefix, g->store);
     }
     if (backend == Backend::kNccl) {
 #if FSDP_HAS_NCCL

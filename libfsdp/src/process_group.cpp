@@ -63,6 +63,10 @@ std::optional<Rendezvous> Rendezvous::from_environment(const std::map<std::strin
     r.world_size = number(env, "WORLD_SIZE");
     r.local_rank = get("LOCAL_RANK") ? number(env, "LOCAL_RANK") : r.rank;
     if (get("MASTER_ADDR")) r.master_addr = *get("MASTER_ADDR");
+    if (const std::string* agent = get("TORCHELASTIC_USE_AGENT_STORE"); agent && *agent == "True") {
+      const std::string* attempt = get("TORCHELASTIC_RESTART_COUNT");
+      r.agent_store_prefix = "/worker/attempt_" + (attempt ? *attempt : std::string("0"));
+    }
   } else if (get("SLURM_PROCID") && get("SLURM_NTASKS")) {
     r.rank = number(env, "SLURM_PROCID");
     r.world_size = number(env, "SLURM_NTASKS");

@@ -125,6 +125,10 @@ int environment_parsing() {
   EXPECT(!Rendezvous::from_environment({}).has_value());
   auto t = Rendezvous::from_environment({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "1234"}});
   EXPECT(t && t->rank == 3 && t->world_size == 8 && t->local_rank == 1 && t->master_addr == "n1" && t->master_port == 1234);
+  EXPECT(t->agent_store_prefix.empty());
+  // torchrun's agent serves the store: every rank a client, under torch's prefix.
+  auto e = Rendezvous::from_environment({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "3"}});
+  EXPECT(e && e->agent_store_prefix == "/worker/attempt_3");
   auto s = Rendezvous::from_environment({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_NODELIST", "gpu[007-009,12],cpu1"}});
   EXPECT(s && s->rank == 5 && s->world_size == 6 && s->local_rank == 1 && s->master_addr == "gpu007" && s->master_port == 29500);
   EXPECT(fsdp::first_slurm_host("node1,node2") == "node1");

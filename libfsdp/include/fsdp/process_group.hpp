@@ -42,8 +42,14 @@ struct Rendezvous {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string file_store;  ///< non-empty: meet through a FileStore at this path instead of TCP
+  /// Non-empty: torchrun's elastic agent already serves the TCP store at MASTER_PORT
+  /// (TORCHELASTIC_USE_AGENT_STORE=True), so every rank, rank 0 too, connects to it as a client,
+  /// under this prefix ("/worker/attempt_<TORCHELASTIC_RESTART_COUNT>"), as torch's env://
+  /// rendezvous does.
+  std::string agent_store_prefix;
 
-  /// From torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or, when RANK is not
+  /// From torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and the agent's
+  /// store when it says so) or, when RANK is not
   /// set, SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the first host of
   /// SLURM_JOB_NODELIST, MASTER_PORT or 29500). std::nullopt when neither is there; throws
   /// fsdp::Error for values that are not numbers or a rank outside the world.
