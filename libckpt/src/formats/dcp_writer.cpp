@@ -314,6 +314,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   Cursor lay;
   std::uint64_t total = 0;
   for (const DcpFilePlan& f : files) {
+    if (f.items.empty() && f.size != 0) internal_error("write_dcp_files: a file's size differs from its plan");
     sinks.push_back(open_positional_sink(dir / f.name, Overwrite::kYes));
     targets.push_back(sinks.back().get());
     sinks.back()->resize(f.size);

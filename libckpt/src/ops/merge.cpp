@@ -236,20 +236,33 @@ class Merger {
     });
   }
 
-  ValuePtr to_value(const Node& n) {
+  // The output tree as pickle values. With `streamed`, a dict of more than a batch of entries (a
+  // state dict's thousands) becomes a placeholder that data.pkl's writer fills batch by batch
+  // (pickle::write_streamed), so that the tensors' pickle nodes never stand in memory all at
+  // once; what is inside it is made whole, batch by batch. Storages are numbered as they are
+  // written, in the order this walk gives them either way.
+  ValuePtr to_value(const Node& n, std::unordered_map<const Value*, pickle::DictBatches>* streamed = nullptr) {
+    constexpr std::size_t kBatch = 1000;  // pickle's batch, the most a DictBatches call may give
+    auto key = [](const Key& k) { return k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text); };
     switch (n.kind) {
       case Node::kNone: return pickle::make_none();
       case Node::kDict: {
-        std::vector<std::pair<ValuePtr, ValuePtr>> items;
-        for (const auto& [k, c] : n.dict) {
-          ValuePtr key = k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text);
-          items.emplace_back(std::move(key), to_value(*c));
+        if (streamed && n.dict.size() > kBatch) {
+          ValuePtr placeholder = pickle::make_dict({});
+          streamed->emplace(placeholder.get(), [this, &n, key](std::size_t done) {
+            std::vector<std::pair<ValuePtr, ValuePtr>> items;
+            for (std::size_t i = done; i < n.dict.size() && i < done + kBatch; ++i) items.emplace_back(key(n.dict[i].first), to_value(*n.dict[i].second));
+            return items;
+          });
+          return placeholder;
         }
+        std::vector<std::pair<ValuePtr, ValuePtr>> items;
+        for (const auto& [k, c] : n.dict) items.emplace_back(key(k), to_value(*c, streamed));
         return pickle::make_dict(std::move(items));
       }
       case Node::kList: {
         std::vector<ValuePtr> items;
-        for (const auto& c : n.list) items.push_back(to_value(*c));
+        for (const auto& c : n.list) items.push_back(to_value(*c, streamed));
         return pickle::make_list(std::move(items));
       }
       case Node::kLeaf: {
@@ -271,38 +284,15 @@ class Merger {
     return storages_.at(idx);
   }
 
-  // The output tree with its big dicts (a state dict's thousands of entries) as placeholders that
-  // data.pkl's writer fills batch by batch, so that the tensors' pickle nodes never stand in
-  // memory all at once. Storages are numbered as they are written, which is the order to_value
-  // gives them too.
-  ValuePtr to_streamed_value(const Node& n, std::unordered_map<const Value*, pickle::DictBatches>& streamed) {
-    constexpr std::size_t kBatch = 1000;  // pickle's batch, the most a DictBatches call may give
-    if (n.kind == Node::kDict && n.dict.size() > kBatch) {
-      ValuePtr placeholder = pickle::make_dict({});
-      streamed.emplace(placeholder.get(), [this, &n](std::size_t done) {
-        std::vector<std::pair<ValuePtr, ValuePtr>> items;
-        for (std::size_t i = done; i < n.dict.size() && i < done + kBatch; ++i) {
-          const auto& [k, c] = n.dict[i];
-          items.emplace_back(k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text), to_value(*c));
-        }
-        return items;
-      });
-      return placeholder;
-    }
-    if (n.kind == Node::kDict) {
-      std::vector<std::pair<ValuePtr, ValuePtr>> items;
-      for (const auto& [k, c] : n.dict) {
-        ValuePtr key = k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text);
-        items.emplace_back(std::move(key), to_streamed_value(*c, streamed));
-      }
-      return pickle::make_dict(std::move(items));
-    }
-    if (n.kind == Node::kList) {
-      std::vector<ValuePtr> items;
-      for (const auto& c : n.list) items.push_back(to_streamed_value(*c, streamed));
-      return pickle::make_list(std::move(items));
-    }
-    return to_value(n);
+  // The tasks that write each of `leaves` whole at its offset, one tensor a call (NOTE [Tasks made
+  // as they are needed]); CRC group 0, or each tensor its own.
+  TaskSource whole_tensors(const std::vector<const Leaf*>& leaves, const std::vector<std::uint64_t>& offsets, bool group_each) {
+    return [this, &leaves, &offsets, group_each, i = std::size_t{0}](std::vector<CopyTask>& out) mutable {
+      if (i == leaves.size()) return false;
+      const Leaf& l = *leaves[i];
+      detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, offsets[i], group_each ? i : 0, task_bytes_);
+      return ++i < leaves.size();
+    };
   }
 
   MergedEntry entry_of(const Leaf& l, const std::string& file) const {
@@ -338,7 +328,7 @@ class Merger {
       set_element(root, l, where);
     }
     std::unordered_map<const Value*, pickle::DictBatches> streamed;
-    ValuePtr tree = to_streamed_value(root, streamed);
+    ValuePtr tree = to_value(root, &streamed);
     std::string archive = output_.stem().string();
     if (archive.empty()) archive = "archive";
     const detail::ArchivePlan plan(archive, plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent},
@@ -485,14 +475,8 @@ class Merger {
         auto sink = open_positional_sink(dir ? into / p.name : output_, dir ? Overwrite::kNo : o_.overwrite);
         sink->resize(p.layout.size);
         sink->write_at(0, p.layout.head);
-        std::size_t i = 0;
-        const TaskSource next = [&](std::vector<CopyTask>& out) {
-          if (i == p.leaves.size()) return false;
-          const Leaf& l = *p.leaves[i];
-          detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, p.layout.begins[i], 0, task_bytes_);
-          return ++i < p.leaves.size();
-        };
-        run_copy(*sink, next, p.layout.size - p.layout.head.size(), 1, {o_.threads, o_.progress, o_.task_delay_ms});
+        run_copy(*sink, whole_tensors(p.leaves, p.layout.begins, false), p.layout.size - p.layout.head.size(), 1,
+                 {o_.threads, o_.progress, o_.task_delay_ms});
         sink->commit();
       }
       if (!index.empty()) {
@@ -531,13 +515,7 @@ class Merger {
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
     // One CRC group per dataset (HDF5 keeps no CRC): libhdf5 puts its own records between
     // datasets once there are many, so the datasets together do not tile one range.
-    std::size_t i = 0;
-    const TaskSource next = [&](std::vector<CopyTask>& out) {
-      if (i == leaves.size()) return false;
-      detail::add_box_tasks(out, reader_, *leaves[i]->tensor, detail::whole(*leaves[i]->tensor), leaves[i]->out, offsets[i], i, task_bytes_);
-      return ++i < leaves.size();
-    };
-    run_copy(*sink, next, result.tensor_bytes, leaves.size(), {o_.threads, o_.progress, o_.task_delay_ms});
+    run_copy(*sink, whole_tensors(leaves, offsets, true), result.tensor_bytes, leaves.size(), {o_.threads, o_.progress, o_.task_delay_ms});
     sink->commit();
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);
