@@ -52,6 +52,36 @@ struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
   }
 };
 
+// FSDP's auto-wrap rules, one child at a time: which group (future unit) a child with parameters
+// joins, groups numbered by their first child.
+struct Grouper {
+  const WrapPolicy& policy;
+  int groups = 0;
+  int root = -1;  // the group of the children no policy wrapped (FSDP's root)
+  int open = -1;  // min_num_params: the group still taking children
+  std::int64_t open_numel = 0;
+
+  int assign(const std::string& child, std::int64_t numel) {
+    if (policy.min_num_params > 0) {
+      // Consecutive children share a unit until it holds min_num_params.
+      if (open < 0 || open_numel >= policy.min_num_params) {
+        open = groups++;
+        open_numel = 0;
+      }
+      open_numel += numel;
+      return open;
+    }
+    if (!policy.own_unit || policy.own_unit(child)) return groups++;
+    if (root < 0) root = groups++;
+    return root;
+  }
+  /// Whether group `g` takes no more children (the root's and an open group's end with the model).
+  bool complete(int g) const {
+    if (policy.min_num_params > 0) return g != open || open_numel >= policy.min_num_params;
+    return g != root;
+  }
+};
+
 }  // namespace
 
 std::string_view to_string(ShardingStrategy s) noexcept {
@@ -262,42 +292,19 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
     throw Error("HYBRID_SHARD needs a device mesh (replicas x shards): construct with a DeviceMesh");
   }
   if (!mixed_.reduce_dtype) mixed_.reduce_dtype = mixed_.param_dtype;  // FSDP's default
-  if (mixed_.buffer_dtype) {
-    torch::NoGradGuard no_grad;
-    for (auto& b : model_->buffers(true)) {
-      if (b.is_floating_point()) b.set_data(b.to(*mixed_.buffer_dtype));
-    }
-  }
+  cast_buffers(*model_);
   const auto children = model_->named_children();
   // Which group each child with parameters joins: groups[g] lists (name, module) in child order.
   std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> groups;
   std::vector<int> group_of(children.size(), -1);
-  int root = -1;  // the unit of the children no policy wrapped (FSDP's root)
-  std::int64_t open_numel = 0;
+  Grouper grouper{policy};
   for (std::size_t i = 0; i < children.size(); ++i) {
     torch::nn::Module* m = children[i].value().get();
     std::int64_t numel = 0;
     for (const auto& p : m->parameters(true)) numel += p.numel();
     if (numel == 0) continue;
-    int g = -1;
-    if (policy.min_num_params > 0) {
-      // Consecutive children share a unit until it holds min_num_params.
-      if (groups.empty() || open_numel >= policy.min_num_params) {
-        groups.emplace_back();
-        open_numel = 0;
-      }
-      g = static_cast<int>(groups.size()) - 1;
-      open_numel += numel;
-    } else if (!policy.own_unit || policy.own_unit(children[i].key())) {
-      groups.emplace_back();
-      g = static_cast<int>(groups.size()) - 1;
-    } else {
-      if (root < 0) {
-        root = static_cast<int>(groups.size());
-        groups.emplace_back();
-      }
-      g = root;
-    }
+    const int g = grouper.assign(children[i].key(), numel);
+    if (static_cast<std::size_t>(g) == groups.size()) groups.emplace_back();
     groups[static_cast<std::size_t>(g)].emplace_back(fqn_prefix(children[i].key(), *m), m);
     group_of[i] = g;
   }
@@ -336,12 +343,89 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
     groups = std::move(joined);
   }
   std::vector<FlatUnit*> made;
-  for (const auto& members : groups) {
-    units_.push_back(std::make_unique<FlatUnit>(members, shard_group_, strategy_, replicate_));
-    units_.back()->set_param_dtype(mixed_.param_dtype);
-    made.push_back(units_.back().get());
-  }
+  for (const auto& members : groups) made.push_back(&make_unit(members));
   for (std::size_t i = 0; i < children.size(); ++i) child_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
+  link_units();
+}
+
+FullyShardedSequential::FullyShardedSequential(const std::vector<std::pair<std::string, ChildMaker>>& children, ProcessGroup& group,
+                                               ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy)
+    : group_(group), shard_group_(group), replicate_(nullptr), strategy_(strategy), mixed_(mixed) {
+  if (strategy == ShardingStrategy::kHybridShard) {
+    throw Error("HYBRID_SHARD needs a device mesh (replicas x shards): construct with a DeviceMesh");
+  }
+  if (!mixed_.reduce_dtype) mixed_.reduce_dtype = mixed_.param_dtype;  // FSDP's default
+  // NOTE [Deferred initialization]: each child is made when the model reaches it, and a unit is
+  // flattened and sharded (its full values freed) as soon as its group is complete, before the
+  // next child is made: a rank holds at most the open groups' children unsharded (one unit; under
+  // a policy with a root unit, the root's children too, until the end). The makers run in model
+  // order, so a seeded initialization gives the values the whole model would have.
+  Grouper grouper{policy};
+  std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> groups;
+  std::vector<FlatUnit*> made;
+  std::vector<int> group_of;
+  std::map<const void*, std::string> sharded;  // the parameters of units made already, and a child of theirs
+  auto make = [&](std::size_t g) {
+    made[g] = &make_unit(groups[g]);
+    for (const auto& member : groups[g]) {
+      for (const auto& p : member.second->parameters(true)) sharded.emplace(p.unsafeGetTensorImpl(), member.first);
+    }
+  };
+  for (const auto& [name, maker] : children) {
+    torch::nn::AnyModule child = maker();
+    model_->push_back(name, child);
+    torch::nn::Module& m = *model_->ptr(model_->size() - 1);
+    cast_buffers(m);
+    std::int64_t numel = 0;
+    for (const auto& p : m.parameters(true)) {
+      if (auto it = sharded.find(p.unsafeGetTensorImpl()); it != sharded.end()) {
+        throw Error("'" + name + "' shares a parameter with '" + it->second +
+                    "', whose unit is made already: deferred initialization cannot put them in one unit (make the model whole)");
+      }
+      numel += p.numel();
+    }
+    if (numel == 0) {
+      group_of.push_back(-1);
+      continue;
+    }
+    const int g = grouper.assign(name, numel);
+    if (static_cast<std::size_t>(g) == groups.size()) {
+      groups.emplace_back();
+      made.push_back(nullptr);
+    }
+    groups[static_cast<std::size_t>(g)].emplace_back(fqn_prefix(name, m), &m);
+    group_of.push_back(g);
+    if (grouper.complete(g)) make(static_cast<std::size_t>(g));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (!made[g]) make(g);  // the root's, and a last group short of min_num_params
+  }
+  // In the order of their first child, as the whole model's are.
+  std::vector<std::unique_ptr<FlatUnit>> ordered;
+  for (FlatUnit* u : made) {
+    auto it = std::find_if(units_.begin(), units_.end(), [&](const auto& x) { return x.get() == u; });
+    ordered.push_back(std::move(*it));
+  }
+  units_ = std::move(ordered);
+  for (int g : group_of) child_unit_.push_back(g < 0 ? nullptr : made[static_cast<std::size_t>(g)]);
+  link_units();
+}
+
+FlatUnit& FullyShardedSequential::make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members) {
+  units_.push_back(std::make_unique<FlatUnit>(members, shard_group_, strategy_, replicate_));
+  units_.back()->set_param_dtype(mixed_.param_dtype);
+  return *units_.back();
+}
+
+void FullyShardedSequential::cast_buffers(torch::nn::Module& m) {
+  if (!mixed_.buffer_dtype) return;
+  torch::NoGradGuard no_grad;
+  for (auto& b : m.buffers(true)) {
+    if (b.is_floating_point()) b.set_data(b.to(*mixed_.buffer_dtype));
+  }
+}
+
+void FullyShardedSequential::link_units() {
   // Prefetch order: the nearest other unit after and before each child.
   next_unit_.assign(child_unit_.size(), nullptr);
   prev_unit_.assign(child_unit_.size(), nullptr);

@@ -117,6 +117,13 @@ FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
   return adopt();
 }
 
+FullyShardedSequential& Strategy::setup_module(const std::vector<std::pair<std::string, ChildMaker>>& children) {
+  if (mesh_) throw Error("deferred initialization (a model given as its children's makers) is not available under HYBRID_SHARD; make the model whole");
+  const MixedPrecision mixed = options_.mixed_precision.value_or(mixed_precision_of(options_.precision));
+  modules_.push_back(std::make_unique<FullyShardedSequential>(children, group(), sharding_, mixed, options_.auto_wrap_policy.value_or(WrapPolicy{})));
+  return adopt();
+}
+
 FullyShardedSequential& Strategy::setup_module(std::unique_ptr<FullyShardedSequential> wrapped) {
   if (!wrapped) throw Error("setup_module: no model");
   group();  // the environment first, as for a model the strategy wraps

@@ -24,10 +24,17 @@ namespace {
 
 constexpr int kBatch = 12, kSteps = 5;
 
+// Its children made one after the other (a constructor's arguments are made in an unspecified
+// order), as deferred initialization makes them.
 torch::nn::Sequential model() {
   torch::manual_seed(7);
-  return torch::nn::Sequential(torch::nn::Linear(6, 10), torch::nn::Tanh(), torch::nn::Linear(10, 10), torch::nn::ReLU(),
-                               torch::nn::Linear(10, 3));
+  torch::nn::Sequential seq;
+  seq->push_back(torch::nn::Linear(6, 10));
+  seq->push_back(torch::nn::Tanh());
+  seq->push_back(torch::nn::Linear(10, 10));
+  seq->push_back(torch::nn::ReLU());
+  seq->push_back(torch::nn::Linear(10, 3));
+  return seq;
 }
 
 std::pair<torch::Tensor, torch::Tensor> batch(int step) {
@@ -110,8 +117,37 @@ int rank_main(const std::string& strategy) {
   const bool low = std::getenv("FSDP_TEST_PARAM_DTYPE") != nullptr;
   fsdp::MixedPrecision mixed;
   if (low) mixed.param_dtype = torch::kBFloat16;
-  fsdp::FullyShardedSequential m = mesh ? fsdp::FullyShardedSequential(seq, *mesh, fsdp::sharding_strategy_from_string(strategy), mixed)
-                                        : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy), mixed);
+  // FSDP_TEST_DEFERRED: the same model made child by child, each unit sharded before the next
+  // child is made (deferred initialization); every maker checks that no child made before it
+  // still holds its full values.
+  const bool deferred = std::getenv("FSDP_TEST_DEFERRED") != nullptr;
+  int held_whole = 0;
+  std::vector<std::pair<std::string, fsdp::ChildMaker>> makers;
+  auto made = std::make_shared<std::vector<std::shared_ptr<torch::nn::Module>>>();
+  auto add = [&](const std::string& name, std::function<torch::nn::AnyModule()> make) {
+    makers.emplace_back(name, [made, make, &held_whole] {
+      for (const auto& before : *made) {
+        for (const auto& p : before->parameters()) held_whole += p.numel() > 0 ? 1 : 0;
+      }
+      torch::nn::AnyModule any = make();
+      made->push_back(any.ptr());
+      return any;
+    });
+  };
+  add("0", [] { return torch::nn::AnyModule(torch::nn::Linear(6, 10)); });
+  add("1", [] { return torch::nn::AnyModule(torch::nn::Tanh()); });
+  add("2", [] { return torch::nn::AnyModule(torch::nn::Linear(10, 10)); });
+  add("3", [] { return torch::nn::AnyModule(torch::nn::ReLU()); });
+  add("4", [] { return torch::nn::AnyModule(torch::nn::Linear(10, 3)); });
+  if (deferred) torch::manual_seed(7);  // as model() seeds before making the whole model
+  fsdp::FullyShardedSequential m =
+      deferred ? fsdp::FullyShardedSequential(makers, pg, fsdp::sharding_strategy_from_string(strategy), mixed)
+      : mesh   ? fsdp::FullyShardedSequential(seq, *mesh, fsdp::sharding_strategy_from_string(strategy), mixed)
+               : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy), mixed);
+  if (held_whole > 0) {
+    std::cerr << "deferred initialization: " << held_whole << " parameters of earlier children were still whole when a child was made\n";
+    return 1;
+  }
   if (checkpointing) m.set_activation_checkpointing([](const std::string&) { return true; });
   // FSDP_TEST_PREFETCH=none|forward: no prefetch, or forward and backward prefetch (default: backward).
   if (const char* p = std::getenv("FSDP_TEST_PREFETCH")) m.set_prefetch(std::string(p) == "forward", std::string(p) == "forward");
@@ -286,6 +322,15 @@ int main(int argc, char** argv) {
     const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
     ::unsetenv("FSDP_TEST_CHECKPOINT");
     std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 2 with activation checkpointing (each child run again in backward) equals single-process training\n";
+    (ok ? passed : failed)++;
+  }
+  for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP"}) {
+    ::setenv("FSDP_TEST_DEFERRED", "1", 1);
+    const bool ok = fsdp_test::launch_ranks(strategy, 2);
+    ::unsetenv("FSDP_TEST_DEFERRED");
+    std::cout << (ok ? "ok   " : "FAIL ") << strategy
+              << " at world size 2 with deferred initialization (each child made after the units before it are sharded) equals "
+                 "single-process training\n";
     (ok ? passed : failed)++;
   }
   for (const char* mesh : {"2,2", "2,1", "1,3"}) {

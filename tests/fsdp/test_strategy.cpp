@@ -134,6 +134,30 @@ void errors_table() {
   torch::optim::SGD late(m.parameters(), torch::optim::SGDOptions(0.1));
   s.setup_optimizer(late);  // accepted
   {
+    // module_init_context(empty_init=True)'s counterpart: the model as its children's makers, made
+    // and sharded one by one, holds the values the whole model made from the same seed holds.
+    const std::vector<std::pair<std::string, fsdp::ChildMaker>> makers{
+        {"0", [] { return torch::nn::AnyModule(torch::nn::Linear(5, 7)); }},
+        {"1", [] { return torch::nn::AnyModule(torch::nn::Tanh()); }},
+        {"2", [] { return torch::nn::AnyModule(torch::nn::Linear(7, 3)); }}};
+    fsdp::Strategy whole(fsdp::registered_strategy("fsdp")), deferred(fsdp::registered_strategy("fsdp"));
+    whole.setup_environment({});
+    deferred.setup_environment({});
+    torch::manual_seed(3);
+    torch::nn::Sequential seq;
+    for (const auto& [name, make] : makers) seq->push_back(name, make());
+    auto& a = whole.setup_module(seq);
+    torch::manual_seed(3);
+    auto& b = deferred.setup_module(makers);
+    EXPECT(b.units().size() == 2 && same_parameters(a, b));
+    auto h = fsdp::registered_strategy("fsdp");
+    h.sharding_strategy = "HYBRID_SHARD";
+    h.device_mesh = std::pair{1, 1};
+    fsdp::Strategy hybrid(h);
+    hybrid.setup_environment({});
+    expect_error("deferred initialization under HYBRID_SHARD", [&] { hybrid.setup_module(makers); }, "not available under HYBRID_SHARD");
+  }
+  {
     // A model the user wrapped already is left as it is: the policy is ignored, with the seed's
     // warning, and the same model (same units) comes back.
     std::vector<std::string> said;

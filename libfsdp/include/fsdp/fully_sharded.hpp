@@ -133,11 +133,22 @@ struct WrapPolicy {
   std::int64_t min_num_params = 0;
 };
 
+/// Makes one child of a model (FullyShardedSequential's deferred initialization).
+using ChildMaker = std::function<torch::nn::AnyModule()>;
+
 class FullyShardedSequential {
  public:
   /// Sharded over every rank of `group` (HYBRID_SHARD needs the other constructor: throws fsdp::Error).
   FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {},
                          const WrapPolicy& policy = {});
+  /// FSDP's deferred initialization (Fabric's init_module(empty_init=True), a model built on the
+  /// meta device and materialized unit by unit): the model as its children's makers, called in
+  /// order, each unit sharded and its full values freed as soon as its children are made, so no
+  /// rank ever holds the whole model unsharded. Made in order from a seeded generator, the values
+  /// equal the whole model's. A child that shares a Parameter with a unit made already (a tied
+  /// head) cannot join it: throws fsdp::Error. Not HYBRID_SHARD.
+  FullyShardedSequential(const std::vector<std::pair<std::string, ChildMaker>>& children, ProcessGroup& group, ShardingStrategy strategy,
+                         MixedPrecision mixed = {}, const WrapPolicy& policy = {});
   /// HYBRID_SHARD over `mesh` (sharded within each replica, replicated across); any other
   /// strategy shards over the mesh's whole world as the first constructor does.
   FullyShardedSequential(torch::nn::Sequential model, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed = {},
@@ -189,6 +200,10 @@ class FullyShardedSequential {
  private:
   FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate,
                          ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy);
+
+  FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members);
+  void cast_buffers(torch::nn::Module& m);  ///< to MixedPrecision's buffer_dtype
+  void link_units();  ///< prefetch neighbours, unit ends and the final unit, from child_unit_
 
   torch::nn::Sequential model_;
   ProcessGroup& group_;

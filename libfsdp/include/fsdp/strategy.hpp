@@ -97,6 +97,11 @@ class Strategy {
   /// Wraps `module` into FSDP units by the policy, sharded by the strategy, activation
   /// checkpointing applied. The strategy owns the result.
   FullyShardedSequential& setup_module(torch::nn::Sequential module);
+  /// module_init_context(empty_init=True)'s counterpart: the model as its children's makers, each
+  /// made when the model reaches it and its unit sharded before the next child is made
+  /// (FullyShardedSequential's deferred initialization), so no rank holds the whole model
+  /// unsharded. Not under HYBRID_SHARD (throws fsdp::Error).
+  FullyShardedSequential& setup_module(const std::vector<std::pair<std::string, ChildMaker>>& children);
   /// A model the user wrapped already (its units made as they chose): left as it is, as the
   /// seed leaves an FSDP-wrapped module. An auto_wrap_policy is then ignored, with the seed's
   /// warning; prefetching and activation checkpointing are applied. The strategy takes it over.
