@@ -2,6 +2,9 @@
 #include "fsdp/fully_sharded.hpp"
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -156,6 +159,30 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   }
 }
 
+std::vector<std::shared_ptr<torch::autograd::Node>> FlatUnit::grad_accumulators() {
+  torch::NoGradGuard no_grad;
+  const auto compute = compute_options();
+  std::vector<std::shared_ptr<torch::autograd::Node>> out;
+  for (Param& p : params_) {
+    if (p.alias_of >= 0) {
+      out.push_back(nullptr);
+      continue;
+    }
+    // A released parameter stands in with its full shape on one element of storage meanwhile.
+    const torch::Tensor held = p.tensor.detach();
+    const bool stand_in = p.tensor.sizes().vec() != p.shape || p.tensor.scalar_type() != compute.dtype();
+    if (stand_in) p.tensor.set_data(torch::empty_strided(p.shape, std::vector<std::int64_t>(p.shape.size(), 0), compute));
+    out.push_back(torch::autograd::impl::grad_accumulator(p.tensor));
+    // Released again in the compute dtype: set_data to another dtype would drop the accumulator.
+    if (stand_in) p.tensor.set_data(held.numel() == 0 ? torch::empty({0}, compute) : held);
+  }
+  return out;
+}
+
+torch::TensorOptions FlatUnit::compute_options() const {
+  return shard_.options().dtype(param_dtype_.value_or(shard_.scalar_type())).requires_grad(false);
+}
+
 void FlatUnit::set_param_dtype(std::optional<c10::ScalarType> dtype) {
   release();
   const bool was = full_.defined();  // NO_SHARD's views of the shard
@@ -204,7 +231,7 @@ void FlatUnit::release() {
   if ((strategy_ == ShardingStrategy::kNoShard && !param_dtype_) || !full_.defined()) return;
   // The Parameters keep their identity (autograd's saved references see the next gather) but no
   // storage of their own.
-  for (Param& p : params_) p.tensor.set_data(torch::empty({0}, shard_.options().requires_grad(false)));
+  for (Param& p : params_) p.tensor.set_data(torch::empty({0}, compute_options()));
   full_ = torch::Tensor();
 }
 
@@ -425,7 +452,68 @@ void FullyShardedSequential::cast_buffers(torch::nn::Module& m) {
   }
 }
 
+// NOTE [Gradients reduced in backward]: as FSDP's post-backward hook, each unit's gradients are
+// reduced (reduce-scattered into its shard) as soon as backward has accumulated the last of its
+// parameters' gradients, and their full values freed with the unit's gathered parameters
+// (FULL_SHARD), so a rank holds one unit's full gradients at a time instead of the whole model's.
+// The hook sits on each parameter's gradient accumulator, kept alive here so that it outlives the
+// graph of one step; it reaches this state (on the heap: the model may be moved) through a weak
+// pointer, so that the accumulators it keeps do not keep it. Every rank runs the same backward,
+// so the collectives come in the same order.
+struct FullyShardedSequential::GradState {
+  std::vector<FlatUnit*> units;
+  std::optional<c10::ScalarType> reduce_dtype;
+  bool frees = false;  // FULL_SHARD, HYBRID_SHARD: a reduced unit's gathered parameters go too
+  bool syncing = false;
+  std::vector<int> expected, remaining;  // per unit: parameters whose gradients backward brings
+  std::vector<bool> reduced;             // per unit: reduced by this backward already
+  std::int64_t reductions = 0;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+
+  void on_gradient(std::size_t u) {
+    if (!syncing || reduced[u] || --remaining[u] > 0) return;
+    units[u]->reduce_gradients(reduce_dtype);
+    reduced[u] = true;
+    ++reductions;
+    if (frees) units[u]->release();
+  }
+};
+
+namespace {
+struct GradHook : torch::autograd::FunctionPostHook {
+  GradHook(std::weak_ptr<FullyShardedSequential::GradState> s, std::size_t u) : state(std::move(s)), unit(u) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) override {
+    if (auto s = state.lock()) s->on_gradient(unit);
+    return outputs;
+  }
+  std::weak_ptr<FullyShardedSequential::GradState> state;
+  std::size_t unit;
+};
+}  // namespace
+
+void FullyShardedSequential::install_grad_hooks() {
+  grads_ = std::make_shared<GradState>();
+  GradState& g = *grads_;
+  g.reduce_dtype = mixed_.reduce_dtype;
+  g.frees = strategy_ == ShardingStrategy::kFullShard || strategy_ == ShardingStrategy::kHybridShard;
+  g.expected.assign(units_.size(), 0);
+  g.remaining.assign(units_.size(), 0);
+  g.reduced.assign(units_.size(), false);
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    g.units.push_back(units_[u].get());
+    for (std::shared_ptr<torch::autograd::Node>& acc : units_[u]->grad_accumulators()) {
+      if (!acc) continue;  // an alias accumulates once, as its first name
+      acc->add_post_hook(std::make_unique<GradHook>(grads_, u));
+      g.accumulators.push_back(std::move(acc));
+      ++g.expected[u];
+    }
+  }
+}
+
+std::int64_t FullyShardedSequential::reductions_in_backward() const noexcept { return grads_ ? grads_->reductions : 0; }
+
 void FullyShardedSequential::link_units() {
+  install_grad_hooks();
   // Prefetch order: the nearest other unit after and before each child.
   next_unit_.assign(child_unit_.size(), nullptr);
   prev_unit_.assign(child_unit_.size(), nullptr);
@@ -484,13 +572,25 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
 }
 
 void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
-  loss.backward();
+  GradState& state = *grads_;
+  state.syncing = sync && reduce_in_backward_;
+  state.remaining = state.expected;
+  state.reduced.assign(units_.size(), false);
+  try {
+    loss.backward();
+  } catch (...) {
+    state.syncing = false;
+    throw;
+  }
+  state.syncing = false;
+  // The units whose gradients backward did not reduce (reduce_in_backward off, or a parameter
+  // that got no gradient): after it, in one bucket.
   std::vector<FlatUnit*> units;
-  for (auto& unit : units_) {
-    if (unit) units.push_back(unit.get());
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u] && !state.reduced[u]) units.push_back(units_[u].get());
   }
   if (!sync) {
-    for (FlatUnit* u : units) u->release();
+    release();
     return;
   }
   bool one_dtype = true;
@@ -529,7 +629,7 @@ void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
   } else {
     for (FlatUnit* u : units) u->reduce_gradients(mixed_.reduce_dtype);
   }
-  for (FlatUnit* u : units) u->release();
+  release();  // every unit, reduced in backward or here: the next forward gathers what the optimizer steps
 }
 
 void FullyShardedSequential::set_prefetch(bool forward, bool backward) {

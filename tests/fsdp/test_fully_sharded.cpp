@@ -192,6 +192,13 @@ int rank_main(const std::string& strategy) {
     m.backward(torch::mse_loss(out, y.narrow(0, pg.rank() * per, per)));
     opt.step();
   }
+  // Every unit's gradients were reduced inside backward, by the hook on its parameters'
+  // accumulators (NOTE [Gradients reduced in backward]), none after it.
+  if (m.reductions_in_backward() != static_cast<std::int64_t>(to - from) * static_cast<std::int64_t>(m.units().size())) {
+    std::cerr << "rank " << pg.rank() << ": " << m.reductions_in_backward() << " unit reductions in backward over " << (to - from)
+              << " steps of " << m.units().size() << " units\n";
+    return 1;
+  }
   if (strategy != "NO_SHARD") {
     // the shards are shards: each rank holds 1/world of every unit (1/shards under HYBRID_SHARD), padded
     const int shards = mesh && strategy == "HYBRID_SHARD" ? mesh->shards() : pg.size();

@@ -14,6 +14,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
 
 #include <functional>
 #include <cstdint>
@@ -24,6 +25,10 @@
 #include <vector>
 
 #include "fsdp/process_group.hpp"
+
+namespace torch::autograd {
+struct Node;
+}
 
 namespace fsdp {
 
@@ -87,6 +92,10 @@ class FlatUnit {
   /// order, any shape that matches): the inverse of unflatten, without communication.
   torch::Tensor flatten_slice(const std::vector<torch::Tensor>& values) const;
 
+  /// Each parameter's gradient accumulator (an alias: none), made while the parameter has its full
+  /// shape and compute dtype, which autograd checks every gradient against for as long as the
+  /// accumulator lives; a hook on it then serves every step. Keep them alive.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators();
   /// The optimizer's parameter: this rank's slice (NO_SHARD: all of it).
   torch::Tensor& shard() noexcept { return shard_; }
   const std::vector<Param>& params() const noexcept { return params_; }
@@ -94,6 +103,10 @@ class FlatUnit {
   std::int64_t padded_numel() const noexcept { return padded_; }
 
  private:
+  /// The dtype the full values are computed in (param_dtype, else the shard's), what a released
+  /// parameter keeps too: changing a parameter's dtype would drop its gradient accumulator.
+  c10::TensorOptions compute_options() const;
+
   ProcessGroup& group_;
   ProcessGroup* replicate_;
   ShardingStrategy strategy_;
@@ -188,6 +201,16 @@ class FullyShardedSequential {
   /// off by default) the next unit's when a unit's forward starts. The all-gather then runs on the
   /// backend's threads while this one computes. The arithmetic is the same either way.
   void set_prefetch(bool forward, bool backward);
+  /// FSDP's post-backward reduction (on by default): each unit's gradients reduced as soon as
+  /// backward has them all, its full gradients (and, FULL_SHARD, its gathered parameters) freed
+  /// then, so that a rank holds one unit's full gradients at a time. Off: every unit's gradients
+  /// stay until backward ends and go in one bucket (one collective, the whole model's gradients
+  /// held at once).
+  void set_reduce_in_backward(bool on) noexcept { reduce_in_backward_ = on; }
+  /// How many unit reductions backward has made so far (tests: that the hooks run).
+  std::int64_t reductions_in_backward() const noexcept;
+
+  struct GradState;  ///< NOTE [Gradients reduced in backward] in fully_sharded.cpp
 
   ShardingStrategy strategy() const noexcept { return strategy_; }
   /// Every rank.
@@ -201,6 +224,7 @@ class FullyShardedSequential {
   FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate,
                          ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy);
 
+  void install_grad_hooks();
   FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members);
   void cast_buffers(torch::nn::Module& m);  ///< to MixedPrecision's buffer_dtype
   void link_units();  ///< prefetch neighbours, unit ends and the final unit, from child_unit_
@@ -218,6 +242,8 @@ class FullyShardedSequential {
   std::vector<FlatUnit*> next_unit_, prev_unit_;  ///< per child: the nearest other unit after it, before it
   bool forward_prefetch_ = false, backward_prefetch_ = true;
   FlatUnit* final_unit_ = nullptr;                ///< the unit whose last child runs last
+  bool reduce_in_backward_ = true;
+  std::shared_ptr<GradState> grads_;
 };
 
 }  // namespace fsdp
