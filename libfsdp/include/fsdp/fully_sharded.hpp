@@ -7,8 +7,9 @@
 // are pointed at views of the gathered buffer); FULL_SHARD frees them after forward and gathers
 // them again when the unit's backward starts (a hook on its output), SHARD_GRAD_OP keeps them
 // until backward ends, NO_SHARD never shards (every rank holds everything, gradients are
-// all-reduced, as DDP). backward() runs the loss's backward, then reduce-scatters each unit's
-// gradients (their average over ranks) into its slice's grad.
+// all-reduced, as DDP). backward() runs the loss's backward, during which each unit's gradients
+// (their average over ranks) are reduce-scattered into its slice's grad as soon as backward has
+// them all, and the unit's full gradients freed.
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>
@@ -169,9 +170,10 @@ class FullyShardedSequential {
 
   /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
   torch::Tensor forward(torch::Tensor input);
-  /// loss.backward(), then every unit's gradients reduce-scattered into its shard: one collective
-  /// for all units (a bucket laid out rank by rank, each rank's part the units' slices in order),
-  /// when they share a dtype.
+  /// loss.backward(), each unit's gradients reduce-scattered into its shard as soon as backward has
+  /// them all (set_reduce_in_backward); what backward did not reduce goes after it in one
+  /// collective (a bucket laid out rank by rank, each rank's part the units' slices in order),
+  /// when the units share a dtype.
   /// With `sync` false (FSDP's no_sync, for gradient accumulation): loss.backward() alone, the
   /// gradients kept unsharded in the module until a backward with `sync` reduces their sum.
   void backward(const torch::Tensor& loss, bool sync = true);
