@@ -179,6 +179,8 @@ std::vector<std::shared_ptr<torch::autograd::Node>> FlatUnit::grad_accumulators(
   return out;
 }
 
+torch::Tensor FlatUnit::shard_in_compute_dtype() const { return param_dtype_ ? shard_.detach().to(*param_dtype_) : shard_.detach(); }
+
 torch::TensorOptions FlatUnit::compute_options() const {
   return shard_.options().dtype(param_dtype_.value_or(shard_.scalar_type())).requires_grad(false);
 }
@@ -196,7 +198,7 @@ void FlatUnit::set_param_dtype(std::optional<c10::ScalarType> dtype) {
 void FlatUnit::prefetch() {
   if (full_.defined() || prefetched_.defined() || strategy_ == ShardingStrategy::kNoShard) return;
   torch::NoGradGuard no_grad;
-  prefetch_input_ = param_dtype_ ? shard_.detach().to(*param_dtype_) : shard_.detach();
+  prefetch_input_ = shard_in_compute_dtype();
   prefetched_ = torch::empty({padded_}, prefetch_input_.options().requires_grad(false));
   prefetch_ = group_.all_gather_async(prefetched_, prefetch_input_);
 }
@@ -208,13 +210,10 @@ void FlatUnit::gather() {
     prefetch_.wait();
     full_ = std::exchange(prefetched_, torch::Tensor());
     prefetch_input_ = torch::Tensor();
-    for (Param& p : params_) p.tensor.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
-    return;
-  }
-  const torch::Tensor mine = param_dtype_ ? shard_.detach().to(*param_dtype_) : shard_.detach();
-  if (strategy_ == ShardingStrategy::kNoShard) {
-    full_ = mine;  // without a param dtype: the very tensor the optimizer steps
+  } else if (strategy_ == ShardingStrategy::kNoShard) {
+    full_ = shard_in_compute_dtype();  // without a param dtype: the very tensor the optimizer steps
   } else {
+    const torch::Tensor mine = shard_in_compute_dtype();
     full_ = torch::empty({padded_}, mine.options().requires_grad(false));
     group_.all_gather(full_, mine);
   }

@@ -168,7 +168,7 @@ class Trainer {
 
   /// fsdp-train's options as the strategy's (Fabric's FSDPStrategy arguments): the registry's
   /// --strategy, with every other option set explicitly.
-  static fsdp::StrategyOptions strategy_options(const TrainConfig& c, int rank) {
+  static fsdp::StrategyOptions strategy_options(const TrainConfig& c) {
     fsdp::StrategyOptions o = fsdp::registered_strategy(c.strategy);
     o.process_group_backend = fsdp::backend_from_string(c.backend);
     o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.timeout * 1000));
@@ -181,9 +181,7 @@ class Trainer {
     o.sharding_strategy = c.sharding_strategy;
     o.state_dict_type = c.state_dict_type;
     o.device_mesh = explicit_mesh(c);  // none: the strategy's default, one replica per machine
-    o.warn = [rank](const std::string& m) {
-      if (rank == 0) std::cerr << "fsdp-train: warning: " << m << std::endl;
-    };
+    o.warn = [](const std::string& m) { std::cerr << "fsdp-train: warning: " << m << std::endl; };  // the strategy warns on rank 0 only
     return o;
   }
 
@@ -578,7 +576,7 @@ int run_rank(const TrainConfig& config, const std::map<std::string, std::string>
   torch::set_num_threads(config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
   // The strategy joins the ranks (a world of one through a FileStore it removes), makes
   // HYBRID_SHARD's mesh, and sets the model and optimizer up as Fabric's FSDPStrategy does.
-  fsdp::Strategy strategy(Trainer::strategy_options(config, rank));
+  fsdp::Strategy strategy(Trainer::strategy_options(config));
   try {
     strategy.setup_environment(env);
     Trainer trainer(config, strategy);

@@ -107,6 +107,8 @@ class FlatUnit {
   /// The dtype the full values are computed in (param_dtype, else the shard's), what a released
   /// parameter keeps too: changing a parameter's dtype would drop its gradient accumulator.
   c10::TensorOptions compute_options() const;
+  /// This rank's slice as the full values are computed in (the shard itself without param_dtype).
+  torch::Tensor shard_in_compute_dtype() const;
 
   ProcessGroup& group_;
   ProcessGroup* replicate_;
