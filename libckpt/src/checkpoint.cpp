@@ -29,7 +29,7 @@ const TensorEntry* Checkpoint::find_tensor(std::string_view name) const noexcept
   return nullptr;
 }
 
-std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape) {
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
   std::vector<std::int64_t> s(shape.size());
   std::int64_t k = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
@@ -70,11 +70,11 @@ TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t
   e.shape = t.shape;
   e.requires_grad = t.requires_grad;
   ChunkLocation loc;
-  loc.file = file;
+  loc.file = static_cast<std::uint32_t>(file);
   loc.offset = resolve_window(*st.data).offset;
   loc.length = st.data->size();
   loc.storage_offset = t.storage_offset;
-  loc.strides = t.stride;
+  if (t.stride != contiguous_strides(t.shape)) loc.layout = std::make_shared<const ChunkLocation::Layout>(ChunkLocation::Layout{{}, t.stride});
   e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
   return e;
 }
@@ -100,9 +100,9 @@ void add_safetensors_tensor(Checkpoint& c, const SafetensorsTensor& t, std::size
   TensorEntry e;
   e.name = t.name;
   e.dtype = t.dtype;
-  e.shape.assign(t.shape.begin(), t.shape.end());
+  for (const auto d : t.shape) e.shape.push_back(static_cast<std::int64_t>(d));
   ChunkLocation loc;
-  loc.file = file;
+  loc.file = static_cast<std::uint32_t>(file);
   loc.offset = t.begin;
   loc.length = t.end - t.begin;
   e.chunks.push_back({std::vector<std::int64_t>(e.shape.size(), 0), e.shape, loc});
@@ -271,14 +271,14 @@ SourcePtr zstd_decode(const SourcePtr& in, std::uint64_t max_decoded) {
 SourcePtr ChunkReader::item(const ChunkLocation& loc, std::uint64_t max_decoded) const {
   SourcePtr f = file(loc.file);
   SourcePtr s = sub_source(f, loc.offset, loc.length, "item at " + std::to_string(loc.offset));
-  if (access_ == FileAccess::kReadSmallItemsWhole && loc.transforms.empty() && loc.length <= kSmallItem) {
+  if (access_ == FileAccess::kReadSmallItemsWhole && loc.transforms().empty() && loc.length <= kSmallItem) {
     s = memory_source(s->read_vector(0, s->size()), s->name());  // same name and offsets as the window
   }
-  if (loc.transforms.size() > 1) {
+  if (loc.transforms().size() > 1) {
     throw Error(ErrorKind::kUnsupported, s->name(), 0,
-                std::to_string(loc.transforms.size()) + " stacked transforms; at most one is supported (spec/FORMATS.md §3.5)");
+                std::to_string(loc.transforms().size()) + " stacked transforms; at most one is supported (spec/FORMATS.md §3.5)");
   }
-  for (const std::string& t : loc.transforms) {
+  for (const std::string& t : loc.transforms()) {
     const std::string name = t.substr(0, t.find('/'));
     const std::string version = t.find('/') == std::string::npos ? "" : t.substr(t.find('/') + 1);
     if (name != "stream.zstd") {
@@ -303,7 +303,7 @@ ChunkData ChunkReader::read(const TensorEntry& tensor, const Chunk& chunk) const
   d.shape = chunk.sizes;
   if (loc.encoding == ChunkEncoding::kRaw) {
     d.storage = sub_source(file(loc.file), loc.offset, loc.length, tensor.name);
-    d.strides = loc.strides.empty() ? contiguous_strides(chunk.sizes) : loc.strides;
+    d.strides = loc.strides().empty() ? contiguous_strides(chunk.sizes) : loc.strides();
     d.storage_offset = loc.storage_offset;
     return d;
   }

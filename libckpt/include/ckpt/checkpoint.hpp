@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/dims.hpp"
 #include "ckpt/dtype.hpp"
 #include "ckpt/format.hpp"
 #include "ckpt/io.hpp"
@@ -34,25 +35,38 @@ struct CheckpointFile {
 };
 
 /// How a chunk's bytes are stored at its location.
-enum class ChunkEncoding {
+enum class ChunkEncoding : std::uint8_t {
   kRaw,            ///< the elements themselves (safetensors; a torch.save storage record)
   kTorchSaveItem,  ///< a whole torch.save archive holding one tensor (a DCP tensor item)
 };
 
+/// Where a chunk's bytes are. NOTE [Compact chunks] (dims.hpp): there is one per chunk, so what
+/// few chunks have (transforms, a view's strides) is kept out of line in one shared, immutable
+/// block; a DCP reader gives every chunk with the same transforms the same block.
 struct ChunkLocation {
-  std::size_t file = 0;           ///< index into Checkpoint::files
-  std::uint64_t offset = 0;       ///< absolute offset in that file
-  std::uint64_t length = 0;       ///< bytes at offset (after transforms, for DCP)
-  ChunkEncoding encoding = ChunkEncoding::kRaw;
-  std::vector<std::string> transforms;  ///< DCP transform descriptors, innermost first ("stream.zstd/1")
+  std::uint64_t offset = 0;             ///< absolute offset in the file
+  std::uint64_t length = 0;             ///< bytes at offset (after transforms, for DCP)
   std::int64_t storage_offset = 0;      ///< kRaw: first element, in elements from `offset`
-  std::vector<std::int64_t> strides;    ///< kRaw: element strides; empty means C-contiguous
+  std::uint32_t file = 0;               ///< index into Checkpoint::files
+  ChunkEncoding encoding = ChunkEncoding::kRaw;
+
+  struct Layout {
+    std::vector<std::string> transforms;  ///< DCP transform descriptors, innermost first ("stream.zstd/1")
+    std::vector<std::int64_t> strides;    ///< kRaw: element strides; empty means C-contiguous
+  };
+  std::shared_ptr<const Layout> layout;  ///< null: no transforms, C-contiguous
+
+  const std::vector<std::string>& transforms() const noexcept { return layout ? layout->transforms : kNone.transforms; }
+  const std::vector<std::int64_t>& strides() const noexcept { return layout ? layout->strides : kNone.strides; }
+
+ private:
+  static inline const Layout kNone{};
 };
 
 /// One box of a tensor: [offsets, offsets + sizes) in every dimension.
 struct Chunk {
-  std::vector<std::int64_t> offsets;
-  std::vector<std::int64_t> sizes;
+  Dims offsets;  ///< NOTE [Compact chunks] (dims.hpp)
+  Dims sizes;
   std::optional<ChunkLocation> location;  ///< std::nullopt: the metadata gives no storage for it
 };
 
@@ -60,9 +74,9 @@ struct TensorEntry {
   std::string name;  ///< FQN (DCP), key path joined with '.' (torch.save), tensor name (safetensors)
   std::size_t position = 0;  ///< among all entries, tensors and objects, in the order the format stores them
   DType dtype = DType::kFloat32;
-  std::vector<std::int64_t> shape;  ///< global shape
-  std::vector<Chunk> chunks;
   bool requires_grad = false;
+  Dims shape;  ///< global shape
+  std::vector<Chunk> chunks;
   std::uint64_t numel() const noexcept;
   std::uint64_t nbytes() const noexcept { return numel() * element_size(dtype); }
 };
@@ -156,6 +170,6 @@ class ChunkReader {
 };
 
 /// C-contiguous strides for `shape`.
-std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape);
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape);
 
 }  // namespace ckpt

@@ -5,24 +5,27 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
+
+#include "ckpt/dims.hpp"
 
 namespace ckpt {
 
 /// Elements in a box of `sizes` (1 for a 0-d box).
-inline std::uint64_t box_volume(const std::vector<std::int64_t>& sizes) noexcept {
+inline std::uint64_t box_volume(std::span<const std::int64_t> sizes) noexcept {
   std::uint64_t v = 1;
   for (auto s : sizes) v *= static_cast<std::uint64_t>(s);
   return v;
 }
 
 struct Box {
-  std::vector<std::int64_t> offsets, sizes;
+  Dims offsets, sizes;
 };
 
 /// The intersection of two boxes of the same rank, or std::nullopt when it holds no element.
-inline std::optional<Box> intersect(const std::vector<std::int64_t>& a_off, const std::vector<std::int64_t>& a_size,
-                                    const std::vector<std::int64_t>& b_off, const std::vector<std::int64_t>& b_size) {
+inline std::optional<Box> intersect(std::span<const std::int64_t> a_off, std::span<const std::int64_t> a_size,
+                                    std::span<const std::int64_t> b_off, std::span<const std::int64_t> b_size) {
   Box out;
   for (std::size_t d = 0; d < a_off.size(); ++d) {
     const std::int64_t lo = std::max(a_off[d], b_off[d]);
@@ -36,7 +39,7 @@ inline std::optional<Box> intersect(const std::vector<std::int64_t>& a_off, cons
 
 /// Whether `inner` (a box inside `outer`, both absolute) is one contiguous run of `outer` in C
 /// order: size 1 in every dimension before some k, whole in every dimension after it.
-inline bool is_contiguous_run(const std::vector<std::int64_t>& inner_sizes, const std::vector<std::int64_t>& outer_sizes) noexcept {
+inline bool is_contiguous_run(std::span<const std::int64_t> inner_sizes, std::span<const std::int64_t> outer_sizes) noexcept {
   std::size_t k = 0;
   while (k < inner_sizes.size() && inner_sizes[k] == 1) ++k;
   for (std::size_t i = k + 1; i < inner_sizes.size(); ++i) {
@@ -46,8 +49,8 @@ inline bool is_contiguous_run(const std::vector<std::int64_t>& inner_sizes, cons
 }
 
 /// Flat C-order index of `point - origin` inside a box of `sizes`.
-inline std::uint64_t flat_index(const std::vector<std::int64_t>& point, const std::vector<std::int64_t>& origin,
-                                const std::vector<std::int64_t>& sizes) noexcept {
+inline std::uint64_t flat_index(std::span<const std::int64_t> point, std::span<const std::int64_t> origin,
+                                std::span<const std::int64_t> sizes) noexcept {
   std::uint64_t idx = 0;
   for (std::size_t i = 0; i < sizes.size(); ++i) idx = idx * static_cast<std::uint64_t>(sizes[i]) + static_cast<std::uint64_t>(point[i] - origin[i]);
   return idx;
@@ -58,7 +61,7 @@ inline std::uint64_t flat_index(const std::vector<std::int64_t>& point, const st
 /// that overlap, and `coverage(volume, numel)` once when their volumes do not add up to the
 /// tensor's (a hole, or overlap already reported). Calls neither for a sound tiling.
 template <typename Chunks, typename Overlap, typename Coverage>
-void tiling_problems(const std::vector<std::int64_t>& shape, const Chunks& chunks, Overlap&& overlap, Coverage&& coverage) {
+void tiling_problems(std::span<const std::int64_t> shape, const Chunks& chunks, Overlap&& overlap, Coverage&& coverage) {
   std::uint64_t volume = 0;
   const std::uint64_t numel = box_volume(shape);
   for (std::size_t i = 0; i < chunks.size(); ++i) {

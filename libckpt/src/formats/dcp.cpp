@@ -240,7 +240,7 @@ class MetadataReader {
     }
     ChunkLocation loc;
     loc.encoding = ChunkEncoding::kTorchSaveItem;
-    loc.file = file_index(require(vf, "relative_path", *v));
+    loc.file = static_cast<std::uint32_t>(file_index(require(vf, "relative_path", *v)));
     const auto off = static_cast<std::uint64_t>(nonneg_int(require(vf, "offset", *v), *v, "_StorageInfo.offset"));
     const auto len = static_cast<std::uint64_t>(nonneg_int(require(vf, "length", *v), *v, "_StorageInfo.length"));
     if (off + len < off) fail(*v, "_StorageInfo offset + length overflows");
@@ -249,9 +249,17 @@ class MetadataReader {
     if (const ValuePtr* td = vf.find("transform_descriptors"); td && !(*td)->is<pickle::None>()) {
       const auto* seq = (*td)->sequence();
       if (!seq) fail(*v, "transform_descriptors is not a list");
+      std::vector<std::string> transforms;
       for (const auto& t : *seq) {
         if (!t->str()) fail(*v, "transform descriptor is not a str");
-        loc.transforms.push_back(*t->str());
+        transforms.push_back(*t->str());
+      }
+      // Every chunk of a compressed checkpoint has the same list: they share one block.
+      if (!transforms.empty()) {
+        if (!last_layout_ || last_layout_->transforms != transforms) {
+          last_layout_ = std::make_shared<const ChunkLocation::Layout>(ChunkLocation::Layout{std::move(transforms), {}});
+        }
+        loc.layout = last_layout_;
       }
     }
     if (!place(*fqn->str(), tensor, offsets, loc, k->offset) &&
@@ -412,6 +420,7 @@ class MetadataReader {
   bool seen_global_ = false;
   std::optional<FirstOpaque> first_opaque_;
   std::map<std::string, std::size_t> file_by_name_;
+  std::shared_ptr<const ChunkLocation::Layout> last_layout_;  ///< the transforms the last chunk had
 };
 
 std::optional<int> rank_of(const std::string& name) {

@@ -182,7 +182,9 @@ Checkpoint decode(const std::string& answer, const std::filesystem::path& file) 
     t.name = r.str();
     t.dtype = static_cast<DType>(r.u64());
     for (std::uint64_t d = 0, dims = r.u64(); d < dims; ++d) t.shape.push_back(static_cast<std::int64_t>(r.u64()));
-    ChunkLocation loc{0, r.u64(), r.u64(), ChunkEncoding::kRaw, {}, 0, {}};
+    ChunkLocation loc;
+    loc.offset = r.u64();
+    loc.length = r.u64();
     if (loc.length != t.nbytes() || loc.offset > size || loc.length > size - loc.offset) {
       throw Error(ErrorKind::kFormat, file.string(), loc.offset,
                   "dataset '" + t.name + "': its " + std::to_string(t.nbytes()) + " bytes at [" + std::to_string(loc.offset) + ", " +

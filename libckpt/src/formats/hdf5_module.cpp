@@ -208,9 +208,11 @@ void read_dataset(Visit& v, hid_t root, const char* name, const H5O_info_t* info
   const std::uint64_t bytes = t.nbytes();
   if (bytes > 0) {
     if (at == HADDR_UNDEF) fail(ErrorKind::kFormat, *v.file, std::string("dataset ") + name + " has no data allocated");
-    ch.location = ChunkLocation{0, static_cast<std::uint64_t>(at), bytes, ChunkEncoding::kRaw, {}, 0, {}};
+    ch.location.emplace();
+    ch.location->offset = static_cast<std::uint64_t>(at);
+    ch.location->length = bytes;
   } else {
-    ch.location = ChunkLocation{0, 0, 0, ChunkEncoding::kRaw, {}, 0, {}};
+    ch.location.emplace();
   }
   t.chunks.push_back(std::move(ch));
   v.c->tensors.push_back(std::move(t));

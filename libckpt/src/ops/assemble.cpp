@@ -101,7 +101,7 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
                   "chunk of '" + t.name + "' at " + shape_text(c.offsets) + " has no storage_data entry");
     }
     Piece p{&c, *o, nullptr};
-    if (c.location->transforms.empty()) {
+    if (c.location->transforms().empty()) {
       p.data = std::make_shared<const ChunkData>(reader.read(t, c));
     } else if (box_volume(c.sizes) * ies > max_memory) {
       throw Error(ErrorKind::kInvalidArgument, reader.checkpoint().root.string(), std::nullopt,

@@ -119,7 +119,7 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
           if (ch.location) {
             out << " in " << escape_name(c.files[ch.location->file].relative) << " [" << ch.location->offset << ", "
                 << ch.location->offset + ch.location->length << ")";
-            for (const auto& tr : ch.location->transforms) out << " " << escape_name(tr);
+            for (const auto& tr : ch.location->transforms()) out << " " << escape_name(tr);
           } else {
             out << " (no storage)";
           }
@@ -139,7 +139,7 @@ ordered_json chunk_json(const Checkpoint& c, const Chunk& ch) {
     x["file"] = c.files[ch.location->file].relative;
     x["offset"] = ch.location->offset;
     x["length"] = ch.location->length;
-    if (!ch.location->transforms.empty()) x["transforms"] = ch.location->transforms;
+    if (!ch.location->transforms().empty()) x["transforms"] = ch.location->transforms();
   } else {
     x["file"] = nullptr;
     x["offset"] = nullptr;

@@ -6,12 +6,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace ckpt::detail {
 
-inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+inline std::string shape_text(std::span<const std::int64_t> shape) {
   std::string out = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";

@@ -3,27 +3,29 @@
 
 #include "ckpt/sharding.hpp"
 
+using D = ckpt::Dims;  // the box functions take spans, which braced lists do not make in C++20
+
 TEST_CASE("box arithmetic", "[ckpt][sharding]") {
-  CHECK(ckpt::box_volume({}) == 1);
-  CHECK(ckpt::box_volume({3, 0}) == 0);
-  CHECK(ckpt::box_volume({2, 5}) == 10);
-  auto i = ckpt::intersect({0, 0}, {4, 6}, {2, 3}, {4, 4});
+  CHECK(ckpt::box_volume(D{}) == 1);
+  CHECK(ckpt::box_volume(D{3, 0}) == 0);
+  CHECK(ckpt::box_volume(D{2, 5}) == 10);
+  auto i = ckpt::intersect(D{0, 0}, D{4, 6}, D{2, 3}, D{4, 4});
   REQUIRE(i);
   CHECK(i->offsets == std::vector<std::int64_t>{2, 3});
   CHECK(i->sizes == std::vector<std::int64_t>{2, 3});
-  CHECK_FALSE(ckpt::intersect({0}, {3}, {3}, {2}));  // touching, not overlapping
-  CHECK_FALSE(ckpt::intersect({0, 0}, {4, 2}, {0, 2}, {4, 2}));  // dim-1 neighbours
-  CHECK_FALSE(ckpt::intersect({1}, {0}, {0}, {5}));  // an empty box overlaps nothing
+  CHECK_FALSE(ckpt::intersect(D{0}, D{3}, D{3}, D{2}));  // touching, not overlapping
+  CHECK_FALSE(ckpt::intersect(D{0, 0}, D{4, 2}, D{0, 2}, D{4, 2}));  // dim-1 neighbours
+  CHECK_FALSE(ckpt::intersect(D{1}, D{0}, D{0}, D{5}));  // an empty box overlaps nothing
 }
 
 TEST_CASE("contiguous runs and tiling checks", "[ckpt][sharding]") {
-  CHECK(ckpt::is_contiguous_run({2, 6}, {10, 6}));      // dim-0 shard
-  CHECK_FALSE(ckpt::is_contiguous_run({10, 3}, {10, 6}));  // dim-1 shard
-  CHECK(ckpt::is_contiguous_run({1, 3}, {10, 6}));      // part of one row
-  CHECK(ckpt::is_contiguous_run({1, 1, 4, 5}, {2, 3, 7, 5}));
-  CHECK_FALSE(ckpt::is_contiguous_run({1, 2, 4, 5}, {2, 3, 7, 5}));
-  CHECK(ckpt::is_contiguous_run({}, {}));
-  CHECK(ckpt::flat_index({3, 2}, {1, 0}, {4, 6}) == 2 * 6 + 2);
+  CHECK(ckpt::is_contiguous_run(D{2, 6}, D{10, 6}));      // dim-0 shard
+  CHECK_FALSE(ckpt::is_contiguous_run(D{10, 3}, D{10, 6}));  // dim-1 shard
+  CHECK(ckpt::is_contiguous_run(D{1, 3}, D{10, 6}));      // part of one row
+  CHECK(ckpt::is_contiguous_run(D{1, 1, 4, 5}, D{2, 3, 7, 5}));
+  CHECK_FALSE(ckpt::is_contiguous_run(D{1, 2, 4, 5}, D{2, 3, 7, 5}));
+  CHECK(ckpt::is_contiguous_run(D{}, D{}));
+  CHECK(ckpt::flat_index(D{3, 2}, D{1, 0}, D{4, 6}) == 2 * 6 + 2);
 
   struct B {
     std::vector<std::int64_t> offsets, sizes;
@@ -39,4 +41,35 @@ TEST_CASE("contiguous runs and tiling checks", "[ckpt][sharding]") {
   CHECK(problems({}, {{{}, {}}}) == std::pair{0, 0});
   CHECK(problems({0, 4}, {}) == std::pair{0, 0});  // nothing to cover
   CHECK(problems({2}, {}) == std::pair{0, 1});
+}
+
+TEST_CASE("Dims keeps two values inline and more on the heap", "[ckpt][sharding]") {
+  D a{5, 7};
+  CHECK(a.size() == 2);
+  CHECK(a == std::vector<std::int64_t>{5, 7});
+  const std::int64_t* inline_data = a.data();
+  CHECK(inline_data == reinterpret_cast<const std::int64_t*>(&a));  // in the object itself
+  a.push_back(9);  // spills to the heap, values kept
+  CHECK(a == D{5, 7, 9});
+  CHECK(a.data() != reinterpret_cast<const std::int64_t*>(&a));
+  for (std::int64_t v = 10; v < 40; ++v) a.push_back(v);
+  CHECK(a.size() == 33);
+  CHECK(a.back() == 39);
+  D b = a;  // deep copy
+  b[0] = -1;
+  CHECK(a[0] == 5);
+  D c = std::move(b);  // takes the heap block
+  CHECK(c.size() == 33);
+  CHECK(c[0] == -1);
+  CHECK(b.empty());  // NOLINT(bugprone-use-after-move): a moved-from Dims is empty
+  c = D{1};  // back to inline
+  CHECK(c == D{1});
+  CHECK(c.vec() == std::vector<std::int64_t>{1});
+  D e(std::vector<std::int64_t>{1, 2, 3, 4});
+  e = a;
+  CHECK(e == a);
+  CHECK_FALSE(e == D{5, 7});
+  CHECK(D{} == std::vector<std::int64_t>{});
+  std::vector<std::int64_t> as_vector = D{3, 4};
+  CHECK(as_vector == std::vector<std::int64_t>{3, 4});
 }
