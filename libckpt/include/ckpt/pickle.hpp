@@ -198,6 +198,12 @@ struct ParseOptions {
   /// without them. A reader can so consume a huge dict while it is parsed instead of holding its
   /// tree (.metadata's storage_data). May throw.
   std::function<bool(const Value& dict, const ValuePtr& key, const ValuePtr& value)> on_dict_item;
+  /// Called with each object BUILD has just given its state, when nothing but the stack holds it
+  /// (no later GET refers to it); a value returned replaces it on the stack, null keeps it. A
+  /// reader can so turn a finished object into its own record at once: on_dict_item comes only
+  /// when SETITEMS runs, and Python's pickler adds dict items 1,000 at a time, so their trees
+  /// would otherwise all be held until then. May throw.
+  std::function<ValuePtr(const Value& object)> on_built;
   /// Called after every `progress_every` bytes of input with the offset (relative to the bytes
   /// given) before which nothing is read again: the caller may release those bytes.
   std::function<void(std::uint64_t)> on_progress;

@@ -106,6 +106,25 @@ class MetadataReader {
     // Kept by value: the node may be dropped before read() runs. The address is only compared.
     first_opaque_ = FirstOpaque{&v, g->module + "." + g->name, v.offset};
   }
+  // NOTE [Entries as they are built]: a TensorStorageMetadata is made into its entry as soon as
+  // BUILD finishes it, and a small token of the same class takes its place on the stack; its
+  // tree is freed at once instead of when SETITEMS hands over the batch of 1,000 entries that
+  // holds it. The token is known by its address (a pickle cannot make one). One that does not
+  // read cleanly is kept whole and reported, with its name, when its dict item is read.
+  ValuePtr on_built(const Value& v) {
+    if (kind_of(v) != GlobalKind::kDcpTensorStorageMetadata) return nullptr;
+    std::optional<TensorEntry> t;
+    try {
+      t.emplace(tensor_entry(std::string(), v));
+    } catch (const Error&) {
+      return nullptr;
+    }
+    const pickle::Object* o = v.object();
+    ValuePtr token = pickle::make_object(o->callable, o->op, pickle::make_tuple());
+    token->offset = v.offset;
+    built_.emplace(token.get(), std::move(*t));
+    return token;
+  }
   void on_object(const Value& v) {
     if (v.callable_kind() != GlobalKind::kBuiltinGetattr) return;
     const auto* args = v.object()->args->sequence();
@@ -332,12 +351,23 @@ class MetadataReader {
     if (kind != GlobalKind::kDcpTensorStorageMetadata) {
       fail(*v, "entry '" + fqn + "' is a " + v->type_name() + ", expected TensorStorageMetadata or BytesStorageMetadata");
     }
-    const auto f = fields(*v, "TensorStorageMetadata");
+    auto built = built_.find(v.get());
+    TensorEntry t = built != built_.end() ? std::move(built->second) : tensor_entry(fqn, *v);
+    if (built != built_.end()) built_.erase(built);
+    t.name = fqn;
+    add_fqn(fqn, true, c_.tensors.size(), *k);
+    t.position = position;
+    c_.tensors.push_back(std::move(t));
+  }
+
+  // A TensorStorageMetadata object as an entry named `fqn` (the name is used in messages only).
+  TensorEntry tensor_entry(const std::string& fqn, const Value& v) const {
+    const auto f = fields(v, "TensorStorageMetadata");
     TensorEntry t;
     t.name = fqn;
-    read_properties(require(f, "properties", *v), t);
-    t.shape = size_of(require(f, "size", *v), "size", &fqn);
-    const ValuePtr& chunks = require(f, "chunks", *v);
+    read_properties(require(f, "properties", v), t);
+    t.shape = size_of(require(f, "size", v), "size", &fqn);
+    const ValuePtr& chunks = require(f, "chunks", v);
     const auto* seq = chunks->sequence();
     if (!seq) fail(*chunks, "chunks of '" + fqn + "' is not a list");
     t.chunks.reserve(seq->size());
@@ -360,16 +390,14 @@ class MetadataReader {
       }
       t.chunks.push_back(std::move(ch));
     }
-    add_fqn(fqn, true, c_.tensors.size(), *k);
-    t.position = position;
-    c_.tensors.push_back(std::move(t));
+    return t;
   }
 
   void add_fqn(const std::string& fqn, bool tensor, std::size_t index, const Value& at) {
     if (!entry_by_fqn_.emplace(fqn, Placed{tensor, index, 0}).second) fail(at, "state_dict_metadata names '" + fqn + "' twice");
   }
 
-  void read_properties(const ValuePtr& p, TensorEntry& t) {
+  void read_properties(const ValuePtr& p, TensorEntry& t) const {
     if (kind_of(*p) != GlobalKind::kDcpTensorProperties) fail(*p, "properties of '" + t.name + "' is a " + p->type_name());
     const ValuePtr& state = p->object()->state;
     ValuePtr dtype, rg;
@@ -421,6 +449,7 @@ class MetadataReader {
   std::optional<FirstOpaque> first_opaque_;
   std::map<std::string, std::size_t> file_by_name_;
   std::shared_ptr<const ChunkLocation::Layout> last_layout_;  ///< the transforms the last chunk had
+  std::unordered_map<const Value*, TensorEntry> built_;  ///< by token (NOTE [Entries as they are built])
 };
 
 std::optional<int> rank_of(const std::string& name) {
@@ -444,6 +473,7 @@ void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::stri
   // Kept trees must be whole; otherwise items are consumed as they come (NOTE [Streaming .metadata]).
   if (trees == MetaTrees::kDrop) {
     o.on_dict_item = [&](const Value& d, const ValuePtr& k, const ValuePtr& v) { return reader.offer(d, k, v); };
+    o.on_built = [&](const Value& v) { return reader.on_built(v); };
   }
   o.on_progress = on_progress;
   ValuePtr root = pickle::parse(bytes, source, 0, o);

@@ -508,6 +508,9 @@ class Unpickler {
         if ((*o)->state) fail("BUILD applied twice to one object", ErrorKind::kUnsupported);
         adopt(target, state);
         (*o)->state = std::move(state);
+        if (options_.on_built && stack_.back().use_count() == 1) {
+          if (ValuePtr r = options_.on_built(target)) stack_.back() = std::move(r);  // frees target
+        }
         return;
       }
       case op::kBinPersId: {

@@ -177,13 +177,13 @@ TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
          field(std::get<pk::List>(chunks->payload).items[1], "sizes") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce,
              pk::make_tuple({pk::make_tuple({pk::make_int(9), pk::make_int(3)})}));
        },
-       "past the tensor's size 5"},
+       "chunk of 'model.w' spans [3, 12) in dimension 0, past the tensor's size 5"},  // named, though read early (dcp.cpp on_built)
       {"chunk rank", [](auto& root) {
          auto& chunks = field(first_value(field(root, "state_dict_metadata")), "chunks");
          field(std::get<pk::List>(chunks->payload).items[0], "offsets") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce,
              pk::make_tuple({pk::make_tuple({pk::make_int(0)})}));
        },
-       "1-d offsets and 2-d sizes for a 2-d tensor"},
+       "chunk of 'model.w' has 1-d offsets and 2-d sizes for a 2-d tensor"},
       {"negative length", [](auto& root) { field(first_value(field(root, "storage_data")), "length") = pk::make_int(-1); },
        "_StorageInfo.length is -1, expected a non-negative int"},
       {"not a Metadata", [](auto& root) { root = pk::make_dict(); }, "top-level object is a dict, expected a Metadata object"},

@@ -187,3 +187,28 @@ TEST_CASE("write_streamed: a dict made batch by batch is written as write() writ
   CHECK(loose != pk::write(*whole2, 4));
   CHECK(pk::repr(*pk::parse(loose, "p"), 1 << 20) == pk::repr(*whole2, 1 << 20));
 }
+
+TEST_CASE("on_built replaces an object BUILD has finished, unless a later GET refers to it", "[ckpt][pickle]") {
+  // [A(state 1), A(state 2), the second again]: the first object is offered and replaced; the
+  // second is memoized and fetched again, so it is kept (replacing it would break the sharing).
+  auto cls = pk::make_global("m", "A");
+  auto a1 = pk::make_object(cls, pk::BuildOp::kNewObj, pk::make_tuple(), pk::make_int(1));
+  auto a2 = pk::make_object(cls, pk::BuildOp::kNewObj, pk::make_tuple(), pk::make_int(2));
+  auto root = pk::make_list({a1, a2, a2});
+  auto bytes = pk::write(*root, 4);
+  int offered = 0;
+  pk::ParseOptions o;
+  o.unknown_globals = pk::UnknownGlobals::kKeepOpaque;
+  o.on_built = [&](const pk::Value& v) -> pk::ValuePtr {
+    ++offered;
+    CHECK(v.object()->state->int64() == 1);  // only the unshared object is offered, with its state
+    return pk::make_str("record " + std::to_string(*v.object()->state->int64()));
+  };
+  auto back = pk::parse(bytes, "p", 0, o);
+  CHECK(offered == 1);
+  const auto& items = *back->sequence();
+  REQUIRE(items.size() == 3);
+  CHECK(*items[0]->str() == "record 1");
+  CHECK(items[1]->object()->state->int64() == 2);
+  CHECK(items[1] == items[2]);  // still one shared object
+}
