@@ -6,7 +6,9 @@
 #include <charconv>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 #include <unordered_set>
 
@@ -291,18 +293,18 @@ class MetadataReader {
   // when it is not (storage_data may come first). A chunk given two locations is an error.
   bool place(const std::string& fqn, bool tensor, const std::vector<std::int64_t>& offsets, const ChunkLocation& loc,
              std::uint64_t at) {
-    auto it = entry_by_fqn_.find(fqn);
-    if (it == entry_by_fqn_.end() || it->second.tensor != tensor) return false;
+    const std::optional<Placed> found = entries_.find(fqn);
+    if (!found || found->tensor != tensor) return false;
     if (!tensor) {
-      ObjectEntry& o = c_.objects[it->second.index];
+      ObjectEntry& o = c_.objects[found->index];
       if (o.item) throw Error(ErrorKind::kFormat, source_, at, "storage_data names an entry at the same offsets twice");
       o.item = loc;
       return true;
     }
     // Chunks are usually listed in storage_data in their own order: try the one after the last
     // placed first.
-    TensorEntry& t = c_.tensors[it->second.index];
-    std::size_t& hint = it->second.next_chunk;
+    TensorEntry& t = c_.tensors[found->index];
+    std::uint32_t& hint = next_chunk_[found->index];
     const std::size_t n = t.chunks.size();
     bool taken = false;
     for (std::size_t step = 0; step < n; ++step) {
@@ -314,7 +316,7 @@ class MetadataReader {
         continue;
       }
       ch.location = loc;
-      hint = i + 1;
+      hint = static_cast<std::uint32_t>(i + 1);
       return true;
     }
     if (taken) throw Error(ErrorKind::kFormat, source_, at, "storage_data names an entry at the same offsets twice");
@@ -394,7 +396,8 @@ class MetadataReader {
   }
 
   void add_fqn(const std::string& fqn, bool tensor, std::size_t index, const Value& at) {
-    if (!entry_by_fqn_.emplace(fqn, Placed{tensor, index, 0}).second) fail(at, "state_dict_metadata names '" + fqn + "' twice");
+    if (!entries_.insert(fqn, Placed{tensor, index})) fail(at, "state_dict_metadata names '" + fqn + "' twice");
+    if (tensor) next_chunk_.push_back(0);
   }
 
   void read_properties(const ValuePtr& p, TensorEntry& t) const {
@@ -429,10 +432,57 @@ class MetadataReader {
   std::string writer_;
   struct Placed {
     bool tensor;
-    std::size_t index;       ///< into c_.tensors or c_.objects
-    std::size_t next_chunk;  ///< where place() looks first
+    std::size_t index;  ///< into c_.tensors or c_.objects
   };
-  std::unordered_map<std::string, Placed> entry_by_fqn_;
+  // The entries by FQN without a second copy of the names (NOTE [Compact chunks]): an
+  // open-addressing table of entry numbers, each compared with its entry's own name.
+  class EntryIndex {
+   public:
+    explicit EntryIndex(const Checkpoint& c) : c_(c) {}
+    std::optional<Placed> find(std::string_view fqn) const {
+      if (slots_.empty()) return std::nullopt;
+      for (std::size_t i = hash(fqn) & mask();; i = (i + 1) & mask()) {
+        if (slots_[i] == 0) return std::nullopt;
+        const Placed p = decode(slots_[i]);
+        if (name(p) == fqn) return p;
+      }
+    }
+    /// False when an entry of that name is there already.
+    bool insert(std::string_view fqn, Placed p) {
+      if (find(fqn)) return false;
+      if (p.index + 1 >= kTensor) throw std::length_error("more than 2^31 checkpoint entries");
+      if (2 * (count_ + 1) > slots_.size()) grow();
+      put(fqn, encode(p));
+      ++count_;
+      return true;
+    }
+
+   private:
+    static constexpr std::uint32_t kTensor = std::uint32_t{1} << 31;
+    static std::size_t hash(std::string_view s) { return std::hash<std::string_view>{}(s); }
+    std::size_t mask() const { return slots_.size() - 1; }
+    static std::uint32_t encode(Placed p) { return (p.tensor ? kTensor : 0) | static_cast<std::uint32_t>(p.index + 1); }
+    static Placed decode(std::uint32_t v) { return {(v & kTensor) != 0, static_cast<std::size_t>((v & ~kTensor) - 1)}; }
+    // insert() runs just before its entry is pushed, and compares only with entries pushed before.
+    const std::string& name(Placed p) const { return p.tensor ? c_.tensors[p.index].name : c_.objects[p.index].name; }
+    void put(std::string_view fqn, std::uint32_t v) {
+      std::size_t i = hash(fqn) & mask();
+      while (slots_[i] != 0) i = (i + 1) & mask();
+      slots_[i] = v;
+    }
+    void grow() {
+      std::vector<std::uint32_t> old(std::max<std::size_t>(64, 2 * slots_.size()), 0);
+      old.swap(slots_);
+      for (std::uint32_t v : old) {
+        if (v != 0) put(name(decode(v)), v);
+      }
+    }
+    const Checkpoint& c_;
+    std::vector<std::uint32_t> slots_;  ///< 0: empty; else kTensor for a tensor | (index + 1)
+    std::size_t count_ = 0;
+  };
+  EntryIndex entries_{c_};
+  std::vector<std::uint32_t> next_chunk_;  ///< per tensor: the chunk place() looks at first
   struct Pending {
     ChunkLocation location;
     std::uint64_t offset;  ///< of its MetadataIndex, for errors
