@@ -412,7 +412,7 @@ class Merger {
         shards.emplace_back();
         in_shard = 0;
       }
-      shards.back().push_back(n);
+      shards.back().push_back(std::move(n));
       in_shard += b;
     }
     const bool dir = o_.max_shard_size.has_value();
@@ -434,7 +434,8 @@ class Merger {
         fname = shards.size() == 1 ? "model.safetensors" : buf;
       }
       std::vector<SafetensorsEntry> entries;
-      std::map<std::string, const Leaf*> by_name;
+      std::unordered_map<std::string_view, const Leaf*> by_name;  // views of shards[s]'s names
+      by_name.reserve(shards[s].size());
       for (const auto& [n, l] : shards[s]) {
         std::vector<std::uint64_t> shape(l->tensor->shape.begin(), l->tensor->shape.end());
         entries.push_back({n, l->out, std::move(shape), nullptr});
