@@ -109,18 +109,24 @@ ProcessGroup& Strategy::group() {
 int Strategy::global_rank() { return group().rank(); }
 int Strategy::world_size() { return group().size(); }
 
+namespace {
+// What a model the strategy wraps gets: the mixed precision its options give, and their policy.
+MixedPrecision mixed_of(const StrategyOptions& o) { return o.mixed_precision.value_or(mixed_precision_of(o.precision)); }
+WrapPolicy policy_of(const StrategyOptions& o) { return o.auto_wrap_policy.value_or(WrapPolicy{}); }
+}  // namespace
+
 FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
-  const MixedPrecision mixed = options_.mixed_precision.value_or(mixed_precision_of(options_.precision));
-  const WrapPolicy policy = options_.auto_wrap_policy.value_or(WrapPolicy{});
-  if (mesh_) modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed, policy));
-  else modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed, policy));
+  if (mesh_) {
+    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed_of(options_), policy_of(options_)));
+  } else {
+    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed_of(options_), policy_of(options_)));
+  }
   return adopt();
 }
 
 FullyShardedSequential& Strategy::setup_module(const std::vector<std::pair<std::string, ChildMaker>>& children) {
   if (mesh_) throw Error("deferred initialization (a model given as its children's makers) is not available under HYBRID_SHARD; make the model whole");
-  const MixedPrecision mixed = options_.mixed_precision.value_or(mixed_precision_of(options_.precision));
-  modules_.push_back(std::make_unique<FullyShardedSequential>(children, group(), sharding_, mixed, options_.auto_wrap_policy.value_or(WrapPolicy{})));
+  modules_.push_back(std::make_unique<FullyShardedSequential>(children, group(), sharding_, mixed_of(options_), policy_of(options_)));
   return adopt();
 }
 
