@@ -287,20 +287,17 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
     std::size_t file = 0, item = 0, group = 0;
     std::uint64_t at = 0;
   };
-  auto length_of = [&](const DcpFilePlan::Ref& r) {
-    if (!r.tensor) return plan.objects[r.index].item->size();
+  // An item's bytes and CRC groups (a bytes item is one group; a tensor item one per record).
+  auto extent_of = [&](const DcpFilePlan::Ref& r) -> std::pair<std::uint64_t, std::size_t> {
+    if (!r.tensor) return {plan.objects[r.index].item->size(), 1};
     const DcpPlanTensor& t = plan.tensors[r.index];
-    return archives.of(t.dtype, t.chunks[r.chunk].sizes).size();
-  };
-  auto groups_of = [&](const DcpFilePlan::Ref& r) {
-    if (!r.tensor) return std::size_t{1};
-    const DcpPlanTensor& t = plan.tensors[r.index];
-    return archives.of(t.dtype, t.chunks[r.chunk].sizes).records().size();
+    const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+    return {a.size(), a.records().size()};
   };
   auto advance = [&](Cursor& c) {
-    const DcpFilePlan::Ref& r = files[c.file].items[c.item];
-    c.at += length_of(r);
-    c.group += groups_of(r);
+    const auto [length, groups] = extent_of(files[c.file].items[c.item]);
+    c.at += length;
+    c.group += groups;
     if (++c.item == files[c.file].items.size()) {
       if (c.at != files[c.file].size) internal_error("write_dcp_files: a file's size differs from its plan");
       ++c.file;
@@ -327,10 +324,10 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       a.place_heads(*sinks[lay.file], lay.at);
       for (const TorchSaveRecord& rec : a.records()) total += rec.storage_key ? rec.size : 0;
       tails.push_back({lay.file, r.index, r.chunk, lay.group, lay.at});
-    } else {
-      total += length_of(r);
     }
-    items.push_back(item_of(plan, r, files[lay.file].name, lay.at, length_of(r)));
+    const std::uint64_t length = extent_of(r).first;
+    if (!r.tensor) total += length;
+    items.push_back(item_of(plan, r, files[lay.file].name, lay.at, length));
     advance(lay);
   }
   const std::size_t groups = lay.group;
