@@ -6,8 +6,8 @@ merged to safetensors, .pt and HDF5, and resharded, each result compared with it
 wall time and peak RSS are printed. Memory is held to a bound that grows with the index only:
 64 MiB plus 4 KiB per tensor or 1 KiB per chunk; a cost that grows faster (a tree of the whole
 .metadata, a quadratic lookup, every copy task or output pickle node made at once) fails it.
-(Measured at 100,000 tensors x 2 ranks: inspect 132 MiB, merge 205-252 MiB, shard 345 MiB,
-diff of two checkpoints 402 MiB, against a 42 MiB .metadata.) The 4 GiB single-tensor case is in bench/load (disk)."""
+(Measured at 100,000 tensors x 2 ranks, peak RSS by GNU time: inspect 97 MiB, verify --deep 97 MiB,
+merge 171-227 MiB, shard 316 MiB, diff of two checkpoints 162-362 MiB, against a 42 MiB .metadata.) The 4 GiB single-tensor case is in bench/load (disk)."""
 import argparse
 import json
 import os
@@ -30,22 +30,35 @@ MIB = 1 << 20
 failures = []
 
 
+TIME = "/usr/bin/time"  # GNU time (Debian package `time`; scripts/setup installs it)
+if not os.access(TIME, os.X_OK):
+    sys.exit(f"test_load: {TIME} is missing: install the Debian package 'time' (scripts/setup)")
+
+
 def run(name, cmd, bound_bytes=None, expect=0, stdout=subprocess.DEVNULL):
-    """Runs cmd, returns its stdout (when captured); records wall time and peak RSS."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True)
-    out = proc.stdout.read() if stdout == subprocess.PIPE else None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - t
-    rss = usage.ru_maxrss * 1024
+    """Runs cmd, returns its stdout (when captured); records wall time and peak RSS.
+
+    The peak RSS is measured by GNU time, which forks the command from its own small process:
+    Linux carries a process's RSS high-water mark across execve, so a child forked from this
+    interpreter (which grows to hundreds of MiB holding `inspect --json`'s output) would report
+    the interpreter's size as its own."""
+    with tempfile.NamedTemporaryFile(mode="r", prefix="fsdp-rss-") as rss_file:
+        t = time.perf_counter()
+        proc = subprocess.Popen([TIME, "-f", "%M", "-o", rss_file.name, *cmd], stdout=stdout, stderr=subprocess.PIPE, text=True)
+        out = proc.stdout.read() if stdout == subprocess.PIPE else None
+        err = proc.stderr.read()
+        proc.wait()
+        wall = time.perf_counter() - t
+        lines = rss_file.read().split()
+        rss = int(lines[-1]) * 1024 if lines and lines[-1].isdigit() else 0
     line = f"{name:<42} {wall:7.2f} s  peak RSS {rss / MIB:8.1f} MiB"
     if bound_bytes is not None:
         line += f"  (bound {bound_bytes / MIB:.0f} MiB)"
     print(line, flush=True)
     if proc.returncode != expect:
         failures.append(f"{name}: exit {proc.returncode}, expected {expect}: {err.strip()[-2000:]}")
+    elif rss == 0:
+        failures.append(f"{name}: GNU time reported no peak RSS")
     elif bound_bytes is not None and rss > bound_bytes:
         failures.append(f"{name}: peak RSS {rss / MIB:.1f} MiB is over {bound_bytes / MIB:.0f} MiB")
     return out
