@@ -207,6 +207,11 @@ struct ParseOptions {
   /// Called after every `progress_every` bytes of input with the offset (relative to the bytes
   /// given) before which nothing is read again: the caller may release those bytes.
   std::function<void(std::uint64_t)> on_progress;
+  /// Called likewise while the first pass (which finds the memo entries a GET uses) walks the
+  /// opcodes, with the offset before which it does not look again; the second pass reads those
+  /// bytes again, so a caller may release them only if they come back when read (the pages of a
+  /// file mapping do), which keeps a big pickle from being resident whole between the passes.
+  std::function<void(std::uint64_t)> on_scanned;
   std::uint64_t progress_every = std::uint64_t{1} << 20;
 };
 

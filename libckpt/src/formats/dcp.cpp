@@ -514,7 +514,7 @@ std::optional<int> rank_of(const std::string& name) {
 }  // namespace
 
 void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c, MetaTrees trees,
-                               const std::function<void(std::uint64_t)>& on_progress) {
+                               const std::function<void(std::uint64_t)>& release) {
   MetadataReader reader(source, c);
   pickle::ParseOptions o;
   o.persistent_ids = pickle::PersistentIds::kRefuse;
@@ -525,7 +525,8 @@ void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::stri
     o.on_dict_item = [&](const Value& d, const ValuePtr& k, const ValuePtr& v) { return reader.offer(d, k, v); };
     o.on_built = [&](const Value& v) { return reader.on_built(v); };
   }
-  o.on_progress = on_progress;
+  o.on_scanned = release;
+  o.on_progress = release;
   ValuePtr root = pickle::parse(bytes, source, 0, o);
   reader.read(root);
   if (trees == MetaTrees::kKeep) c.meta_trees.emplace_back(".metadata", root);
@@ -543,7 +544,8 @@ Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
     owned = src->read_vector(0, src->size());
     bytes = owned;
   }
-  // The pages already parsed are given back as parsing goes on: they are never read again.
+  // The pages each pass has read are given back behind it (the second pass faults them in again
+  // from the page cache), so the file is never resident whole beside the index.
   detail::read_dcp_metadata(*bytes, src->name(), c, trees, [&](std::uint64_t done) { src->release(0, done); });
 
   // World size: the ranks whose data files the metadata names or the directory holds (a rank with

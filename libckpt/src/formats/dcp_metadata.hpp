@@ -12,8 +12,10 @@
 namespace ckpt::detail {
 
 /// Parses `.metadata` bytes (named `source` in errors) into `checkpoint`, whose `root` must be the
-/// directory the file names are relative to. Touches no data file.
+/// directory the file names are relative to. Touches no data file. `release(n)`: bytes before n
+/// are not needed for now; they are read again later (pickle::ParseOptions::on_scanned), so it
+/// may only drop what comes back when read, as the pages of a file mapping do.
 void read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
-                       MetaTrees trees = MetaTrees::kDrop, const std::function<void(std::uint64_t)>& on_progress = {});
+                       MetaTrees trees = MetaTrees::kDrop, const std::function<void(std::uint64_t)>& release = {});
 
 }  // namespace ckpt::detail

@@ -102,8 +102,9 @@ class IndexSet {
 // The memo indices a GET refers to, found by walking the opcodes without running them. The walk
 // stops where the pickle stops making sense (an unknown opcode, a length past the end); the real
 // pass fails at that same opcode, so no GET after it ever runs.
-IndexSet referenced_memo(std::span<const std::byte> bytes) {
+IndexSet referenced_memo(std::span<const std::byte> bytes, const ParseOptions& options) {
   IndexSet out;
+  std::uint64_t next_scanned = options.progress_every;
   const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data());
   const std::size_t n = bytes.size();
   std::size_t i = 0;
@@ -113,6 +114,10 @@ IndexSet referenced_memo(std::span<const std::byte> bytes) {
     return v;
   };
   while (i < n) {
+    if (options.on_scanned && i >= next_scanned) {
+      options.on_scanned(i);
+      next_scanned = i + options.progress_every;
+    }
     const std::uint8_t code = p[i++];
     std::uint64_t skip = 0;  // operand bytes after the opcode
     switch (code) {
@@ -164,7 +169,7 @@ IndexSet referenced_memo(std::span<const std::byte> bytes) {
 class Unpickler {
  public:
   Unpickler(std::span<const std::byte> bytes, const std::string& source, std::uint64_t base, const ParseOptions& options)
-      : in_(bytes, source, base), options_(options), referenced_(referenced_memo(bytes)) {}
+      : in_(bytes, source, base), options_(options), referenced_(referenced_memo(bytes, options)) {}
 
   ValuePtr run() {
     if (in_.at_end()) in_.fail("empty pickle: no opcodes");
