@@ -212,3 +212,26 @@ TEST_CASE("on_built replaces an object BUILD has finished, unless a later GET re
   CHECK(items[1]->object()->state->int64() == 2);
   CHECK(items[1] == items[2]);  // still one shared object
 }
+
+TEST_CASE("on_scanned reports the first pass's progress, before on_progress reports the second's", "[ckpt][pickle]") {
+  std::vector<pk::ValuePtr> items;
+  for (int i = 0; i < 200; ++i) items.push_back(pk::make_str("item " + std::to_string(i)));
+  const auto bytes = pk::write(*pk::make_list(items), 4);
+  std::vector<std::pair<char, std::uint64_t>> calls;
+  pk::ParseOptions o;
+  o.progress_every = 256;
+  o.on_scanned = [&](std::uint64_t at) { calls.emplace_back('s', at); };
+  o.on_progress = [&](std::uint64_t at) { calls.emplace_back('p', at); };
+  auto back = pk::parse(bytes, "p", 0, o);
+  CHECK(back->sequence()->size() == 200);
+  REQUIRE(calls.size() >= 4);
+  CHECK(calls.front().first == 's');
+  CHECK(calls.back().first == 'p');
+  std::size_t first_p = 0;
+  while (calls[first_p].first == 's') ++first_p;
+  for (std::size_t i = 1; i < calls.size(); ++i) {
+    CHECK(calls[i].second <= bytes.size());
+    if (i != first_p) CHECK(calls[i].second > calls[i - 1].second);  // each pass moves forward
+    if (i > first_p) CHECK(calls[i].first == 'p');  // the scan is done before parsing starts
+  }
+}
