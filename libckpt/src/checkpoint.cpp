@@ -79,7 +79,7 @@ TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t
   return e;
 }
 
-Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
+Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
   SourcePtr src = open_mmap(path);
   TorchSaveFile f = read_torch_save(src);
   Checkpoint c = single_file(Format::kTorchSave, path, torch_writer_guess(f.records), src->size());
@@ -89,7 +89,9 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path) {
   }
   for (auto& [name, v] : f.objects) c.objects.push_back({name, c.tensors.size() + c.objects.size(), v, std::nullopt});
   for (auto& [name, keys] : f.key_paths) c.planner_data.emplace(name, pickle::make_tuple(keys));
-  c.meta_trees.emplace_back(path.filename().string(), f.root);
+  // The whole tree (for --meta) only when asked: the leaves already hold the objects they need,
+  // and the rest is a node per tensor's rebuild call.
+  if (trees == MetaTrees::kKeep) c.meta_trees.emplace_back(path.filename().string(), f.root);
   return c;
 }
 
@@ -191,7 +193,7 @@ Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) 
 Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
   const Format f = detect_format(path);
   switch (f) {
-    case Format::kTorchSave: return open_torch_save_checkpoint(path);
+    case Format::kTorchSave: return open_torch_save_checkpoint(path, trees);
     case Format::kSafetensors: return open_safetensors_checkpoint(path);
     case Format::kDcp:
     case Format::kLightningSharded: return open_dcp(path, trees);

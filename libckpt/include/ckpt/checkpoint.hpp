@@ -102,7 +102,8 @@ struct Checkpoint {
   /// DCP: FQNs of storage_data entries that no chunk or bytes entry uses (verify reports them).
   std::vector<std::string> unreferenced_storage;
   std::vector<std::string> notes;     ///< provenance details ("Metadata has extra attribute 'mcore_data'")
-  /// Raw metadata trees by name ("meta.pt", "common.pt", and ".metadata" with MetaTrees::kKeep).
+  /// Raw metadata trees by name ("meta.pt", "common.pt"; with MetaTrees::kKeep also ".metadata",
+  /// or a torch.save file's whole tree under its file name).
   std::vector<std::pair<std::string, pickle::ValuePtr>> meta_trees;
   /// DCP: planner_data, FQN -> path of keys (str or int), when the checkpoint has it. torch.save:
   /// the same for each leaf reached through dicts and lists (TorchSaveFile::key_paths), so that
@@ -113,10 +114,11 @@ struct Checkpoint {
 };
 
 /// Opens any supported checkpoint, detecting the format from content. With MetaTrees::kKeep the
-/// parsed .metadata tree is kept in meta_trees (for --meta); by default it is dropped after
-/// reading, since for large checkpoints it is far bigger than the index. Throws ckpt::Error.
+/// parsed .metadata tree (or a torch.save file's pickle tree) is kept in meta_trees (for --meta);
+/// by default it is dropped after reading, since for large checkpoints it is far bigger than the
+/// index. Throws ckpt::Error.
 Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
-Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path);
+Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
 Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);
 /// A Hugging Face `model.safetensors.index.json`: its shards (file names inside the index's
 /// directory) read as one checkpoint; a tensor the weight_map names must be in the shard it names.

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/torch_save.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
@@ -124,4 +125,15 @@ TEST_CASE("a tiny file that claims a huge storage fails before allocating", "[ck
   zip.finish();
   REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(sink.take(), "m")), ckpt::Error,
                          IsCkptError(ErrorKind::kFormat, std::nullopt, "holds 4 bytes, but its storage is 1099511627776 float32"));
+}
+
+TEST_CASE("a torch.save file's whole tree is kept only for --meta", "[ckpt][torch_save]") {
+  const auto path = testdata("torch_save/tiny_state_dict.pt");
+  const ckpt::Checkpoint plain = ckpt::open_checkpoint(path);
+  CHECK(plain.meta_trees.empty());
+  REQUIRE(plain.find_tensor("model.w"));
+  const ckpt::Checkpoint kept = ckpt::open_checkpoint(path, ckpt::MetaTrees::kKeep);
+  REQUIRE(kept.meta_trees.size() == 1);
+  CHECK(kept.meta_trees[0].first == "tiny_state_dict.pt");
+  CHECK(kept.meta_trees[0].second->dict_items());
 }
