@@ -124,7 +124,7 @@ class MetadataReader {
     const pickle::Object* o = v.object();
     ValuePtr token = pickle::make_object(o->callable, o->op, pickle::make_tuple());
     token->offset = v.offset;
-    built_.emplace(token.get(), std::move(*t));
+    built_.emplace(token.get(), Built{token, std::move(*t)});
     return token;
   }
   void on_object(const Value& v) {
@@ -354,7 +354,7 @@ class MetadataReader {
       fail(*v, "entry '" + fqn + "' is a " + v->type_name() + ", expected TensorStorageMetadata or BytesStorageMetadata");
     }
     auto built = built_.find(v.get());
-    TensorEntry t = built != built_.end() ? std::move(built->second) : tensor_entry(fqn, *v);
+    TensorEntry t = built != built_.end() ? std::move(built->second.entry) : tensor_entry(fqn, *v);
     if (built != built_.end()) built_.erase(built);
     t.name = fqn;
     add_fqn(fqn, true, c_.tensors.size(), *k);
@@ -499,7 +499,13 @@ class MetadataReader {
   std::optional<FirstOpaque> first_opaque_;
   std::map<std::string, std::size_t> file_by_name_;
   std::shared_ptr<const ChunkLocation::Layout> last_layout_;  ///< the transforms the last chunk had
-  std::unordered_map<const Value*, TensorEntry> built_;  ///< by token (NOTE [Entries as they are built])
+  // By token (NOTE [Entries as they are built]). The token is held here until its entry is
+  // claimed, so that its address, the key, is not reused by another while it is in the map.
+  struct Built {
+    ValuePtr token;
+    TensorEntry entry;
+  };
+  std::unordered_map<const Value*, Built> built_;
 };
 
 std::optional<int> rank_of(const std::string& name) {

@@ -337,3 +337,37 @@ TEST_CASE("escape_name escapes control characters and bytes that are not UTF-8",
   CHECK(ckpt::escape_name("\xf5\x80\x80\x80") == "\\xf5\\x80\\x80\\x80");  // past U+10FFFF
   CHECK(ckpt::escape_name("\x7f") == "\\x7f");
 }
+
+TEST_CASE("hostile .metadata: entries built inside storage_data do not stand in for real ones", "[ckpt][dcp]") {
+  // storage_data first, each _StorageInfo carrying a list holding a TensorStorageMetadata (ints
+  // doubled): those are made into entries, then dropped with their storage items before
+  // state_dict_metadata is parsed; the real entries must be read as they are. (Whether a freed
+  // token's address comes back for a real one depends on the allocator: the reader holds each
+  // token until it is claimed, so that it cannot, which this case does not force.)
+  TestDir dir;
+  write_sample(dir.path());
+  const auto clean = ckpt::open_dcp(dir.path());
+  edit_metadata(dir.path(), [](pk::ValuePtr& root) {
+    const pk::ValuePtr tsm = first_value(field(root, "state_dict_metadata"));
+    for (auto& [k, info] : std::get<pk::Dict>(field(root, "storage_data")->payload).items) {
+      auto doubled = pk::rebuild(tsm, [](const pk::Value& v) -> pk::ValuePtr {
+        if (auto i = v.int64(); i && v.is<pk::Int>()) return pk::make_int(*i * 2);
+        return nullptr;
+      });
+      std::get<pk::Dict>(std::get<std::unique_ptr<pk::Object>>(info->payload)->state->payload).items.emplace_back(pk::make_str("extra"), pk::make_list({doubled}));  // in a list: not a dict item
+    }
+    auto& state = std::get<pk::Dict>(std::get<std::unique_ptr<pk::Object>>(root->payload)->state->payload).items;
+    std::stable_partition(state.begin(), state.end(), [](const auto& kv) { return *kv.first->str() == "storage_data"; });
+  });
+  const auto c = ckpt::open_dcp(dir.path());
+  REQUIRE(c.tensors.size() == clean.tensors.size());
+  for (std::size_t i = 0; i < c.tensors.size(); ++i) {
+    CHECK(c.tensors[i].name == clean.tensors[i].name);
+    CHECK(c.tensors[i].shape == clean.tensors[i].shape);
+    REQUIRE(c.tensors[i].chunks.size() == clean.tensors[i].chunks.size());
+    for (std::size_t k = 0; k < c.tensors[i].chunks.size(); ++k) {
+      CHECK(c.tensors[i].chunks[k].sizes == clean.tensors[i].chunks[k].sizes);
+      CHECK(c.tensors[i].chunks[k].location.has_value());
+    }
+  }
+}
