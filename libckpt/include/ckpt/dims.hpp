@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <compare>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -64,6 +65,9 @@ class Dims {
 
   friend bool operator==(const Dims& a, const Dims& b) noexcept {
     return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+  friend std::strong_ordering operator<=>(const Dims& a, const Dims& b) noexcept {
+    return std::lexicographical_compare_three_way(a.begin(), a.end(), b.begin(), b.end());
   }
 
  private:

@@ -173,7 +173,7 @@ class MetadataReader {
     return g ? g->kind : GlobalKind::kOpaque;
   }
   // `what` (of `fqn` when given) names the size in errors; the message is built only then.
-  std::vector<std::int64_t> size_of(const ValuePtr& v, std::string_view what_, const std::string* fqn = nullptr) const {
+  Dims size_of(const ValuePtr& v, std::string_view what_, const std::string* fqn = nullptr) const {
     auto what = [&] { return std::string(what_) + (fqn ? " of '" + *fqn + "'" : std::string()); };
     const std::vector<ValuePtr>* seq = nullptr;
     if (kind_of(*v) == GlobalKind::kTorchSize) {
@@ -183,8 +183,7 @@ class MetadataReader {
       seq = v->sequence();
     }
     if (!seq) fail(*v, what() + " is a " + v->type_name() + ", expected a torch.Size");
-    std::vector<std::int64_t> out;
-    out.reserve(seq->size());
+    Dims out;
     for (const auto& x : *seq) {
       auto i = x->int64();
       if (!i || *i < 0) fail(*v, what() + " holds " + pickle::repr(*x, 40) + ", expected non-negative ints");  // v: the Size
@@ -214,7 +213,7 @@ class MetadataReader {
   struct Key {
     std::string fqn;
     bool tensor;
-    std::vector<std::int64_t> offsets;
+    Dims offsets;
     auto operator<=>(const Key&) const = default;
   };
 
@@ -254,7 +253,7 @@ class MetadataReader {
     const ValuePtr& fqn = require(kf, "fqn", *k);
     if (!fqn->str()) fail(*fqn, "MetadataIndex.fqn is not a str");
     bool tensor = false;
-    std::vector<std::int64_t> offsets;
+    Dims offsets;
     if (const ValuePtr* off = kf.find("offset"); off && !(*off)->is<pickle::None>()) {
       tensor = true;
       offsets = size_of(*off, "MetadataIndex.offset");
@@ -291,7 +290,7 @@ class MetadataReader {
 
   // Gives `loc` to the chunk (or bytes entry) `key` names, when that is known already: false
   // when it is not (storage_data may come first). A chunk given two locations is an error.
-  bool place(const std::string& fqn, bool tensor, const std::vector<std::int64_t>& offsets, const ChunkLocation& loc,
+  bool place(const std::string& fqn, bool tensor, const Dims& offsets, const ChunkLocation& loc,
              std::uint64_t at) {
     const std::optional<Placed> found = entries_.find(fqn);
     if (!found || found->tensor != tensor) return false;

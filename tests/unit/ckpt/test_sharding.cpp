@@ -70,6 +70,9 @@ TEST_CASE("Dims keeps two values inline and more on the heap", "[ckpt][sharding]
   CHECK(e == a);
   CHECK_FALSE(e == D{5, 7});
   CHECK(D{} == std::vector<std::int64_t>{});
+  CHECK(D{1, 2} < D{1, 3});  // lexicographic, as std::vector's (the DCP reader's pending map)
+  CHECK(D{1} < D{1, 0});
+  CHECK_FALSE(D{2} < D{1, 9});
   std::vector<std::int64_t> as_vector = D{3, 4};
   CHECK(as_vector == std::vector<std::int64_t>{3, 4});
 }
