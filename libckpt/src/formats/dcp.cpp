@@ -14,6 +14,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/torch_save.hpp"
+#include "formats/dcp_index.hpp"
 #include "formats/dcp_metadata.hpp"
 
 namespace ckpt {
@@ -55,7 +56,8 @@ class MetadataReader {
         if (!known.count(*k->str())) c_.notes.push_back("Metadata has extra attribute '" + *k->str() + "'");
       }
     }
-    writer_guess(*cls, state);
+    const ValuePtr* version = state.find("version");
+    b_.set_writer(cls->module, state.count("storage_meta") != 0, version && (*version)->str() ? (*version)->str() : nullptr);
     const ValuePtr& sdm = require(state, "state_dict_metadata", *root);
     const ValuePtr& sd = require(state, "storage_data", *root);
     // Items offer() took while parsing must have come from these two dicts.
@@ -63,7 +65,7 @@ class MetadataReader {
     if (storage_dict_ && storage_dict_ != sd.get()) fail(*sd, "MetadataIndex found outside storage_data");
     read_state_dict_metadata(sdm);
     read_storage_data(sd);
-    finish();
+    b_.finish();
     if (const ValuePtr* pd = state.find("planner_data")) read_planner_data(*pd);
   }
 
@@ -197,48 +199,6 @@ class MetadataReader {
     return *i;
   }
 
-  void writer_guess(const pickle::Global& cls, const Fields& state) {
-    std::string w;
-    if (cls.module == "torch.distributed._shard.checkpoint.metadata") {
-      w = "torch 1.13 (torch.distributed._shard.checkpoint)";
-    } else {
-      w = "torch >= 2.0";
-    }
-    if (state.count("storage_meta")) w = "torch >= 2.4";
-    if (const ValuePtr* v = state.find("version"); v && (*v)->str()) w += ", DCP version " + *(*v)->str();
-    writer_ = w;
-    c_.writer = w;
-  }
-
-  struct Key {
-    std::string fqn;
-    bool tensor;
-    Dims offsets;
-    auto operator<=>(const Key&) const = default;
-  };
-
-  std::size_t file_index(const ValuePtr& name_node) {
-    const std::string* name = name_node->str();
-    if (!name) fail(*name_node, "relative_path is a " + name_node->type_name() + ", expected a str");
-    if (auto it = file_by_name_.find(*name); it != file_by_name_.end()) return it->second;  // checked when first met
-    std::filesystem::path p(*name);
-    bool bad = name->empty() || p.is_absolute() || name->find('\0') != std::string::npos || name->front() == '/';
-    for (const auto& part : p) bad = bad || part == "..";
-    if (bad) fail(*name_node, "relative_path '" + *name + "' leaves the checkpoint directory (absolute or with '..')");
-    CheckpointFile f;
-    f.relative = *name;
-    f.path = c_.root / p;
-    if (!resolves_inside(c_.root, f.path)) {
-      fail(*name_node, "relative_path '" + *name + "' is a symbolic link that leads outside the checkpoint directory");
-    }
-    std::error_code ec;
-    const auto sz = std::filesystem::file_size(f.path, ec);
-    if (!ec) f.size = sz;
-    c_.files.push_back(std::move(f));
-    file_by_name_.emplace(*name, c_.files.size() - 1);
-    return c_.files.size() - 1;
-  }
-
   void read_storage_data(const ValuePtr& sd) {
     const auto* items = sd->dict_items();
     if (!items) fail(*sd, "storage_data is a " + sd->type_name() + ", expected a dict");
@@ -260,7 +220,9 @@ class MetadataReader {
     }
     ChunkLocation loc;
     loc.encoding = ChunkEncoding::kTorchSaveItem;
-    loc.file = static_cast<std::uint32_t>(file_index(require(vf, "relative_path", *v)));
+    const ValuePtr& path = require(vf, "relative_path", *v);
+    if (!path->str()) fail(*path, "relative_path is a " + path->type_name() + ", expected a str");
+    loc.file = b_.file_index(*path->str(), path->offset);
     const auto off = static_cast<std::uint64_t>(nonneg_int(require(vf, "offset", *v), *v, "_StorageInfo.offset"));
     const auto len = static_cast<std::uint64_t>(nonneg_int(require(vf, "length", *v), *v, "_StorageInfo.length"));
     if (off + len < off) fail(*v, "_StorageInfo offset + length overflows");
@@ -274,63 +236,9 @@ class MetadataReader {
         if (!t->str()) fail(*v, "transform descriptor is not a str");
         transforms.push_back(*t->str());
       }
-      // Every chunk of a compressed checkpoint has the same list: they share one block.
-      if (!transforms.empty()) {
-        if (!last_layout_ || last_layout_->transforms != transforms) {
-          last_layout_ = std::make_shared<const ChunkLocation::Layout>(ChunkLocation::Layout{std::move(transforms), {}});
-        }
-        loc.layout = last_layout_;
-      }
+      if (!transforms.empty()) loc.layout = b_.layout(std::move(transforms));
     }
-    if (!place(*fqn->str(), tensor, offsets, loc, k->offset) &&
-        !pending_.emplace(Key{*fqn->str(), tensor, std::move(offsets)}, Pending{std::move(loc), k->offset}).second) {
-      fail(*k, "storage_data names an entry at the same offsets twice");
-    }
-  }
-
-  // Gives `loc` to the chunk (or bytes entry) `key` names, when that is known already: false
-  // when it is not (storage_data may come first). A chunk given two locations is an error.
-  bool place(const std::string& fqn, bool tensor, const Dims& offsets, const ChunkLocation& loc,
-             std::uint64_t at) {
-    const std::optional<Placed> found = entries_.find(fqn);
-    if (!found || found->tensor != tensor) return false;
-    if (!tensor) {
-      ObjectEntry& o = c_.objects[found->index];
-      if (o.item) throw Error(ErrorKind::kFormat, source_, at, "storage_data names an entry at the same offsets twice");
-      o.item = loc;
-      return true;
-    }
-    // Chunks are usually listed in storage_data in their own order: try the one after the last
-    // placed first.
-    TensorEntry& t = c_.tensors[found->index];
-    std::uint32_t& hint = next_chunk_[found->index];
-    const std::size_t n = t.chunks.size();
-    bool taken = false;
-    for (std::size_t step = 0; step < n; ++step) {
-      const std::size_t i = (hint + step) % n;
-      Chunk& ch = t.chunks[i];
-      if (ch.offsets != offsets) continue;
-      if (ch.location) {
-        taken = true;
-        continue;
-      }
-      ch.location = loc;
-      hint = static_cast<std::uint32_t>(i + 1);
-      return true;
-    }
-    if (taken) throw Error(ErrorKind::kFormat, source_, at, "storage_data names an entry at the same offsets twice");
-    return false;
-  }
-
-  // After both dicts: storage met before its entry is placed now; what is left belongs to nothing.
-  void finish() {
-    for (const auto& [key, p] : pending_) {
-      if (!place(key.fqn, key.tensor, key.offsets, p.location, p.offset)) c_.unreferenced_storage.push_back(key.fqn);
-    }
-    pending_.clear();
-    if (const auto& u = c_.unreferenced_storage; !u.empty()) {
-      c_.notes.push_back(std::to_string(u.size()) + " storage_data entries belong to no chunk (first: '" + u.front() + "')");
-    }
+    b_.add_storage(*fqn->str(), tensor, std::move(offsets), std::move(loc), k->offset);
   }
 
   void read_state_dict_metadata(const ValuePtr& sdm) {
@@ -343,12 +251,7 @@ class MetadataReader {
     if (!k->str()) fail(*k, "state_dict_metadata key is a " + k->type_name() + ", expected a str");
     const std::string& fqn = *k->str();
     const GlobalKind kind = kind_of(*v);
-    const std::size_t position = c_.tensors.size() + c_.objects.size();
-    if (kind == GlobalKind::kDcpBytesStorageMetadata) {
-      add_fqn(fqn, false, c_.objects.size(), *k);
-      c_.objects.push_back(ObjectEntry{fqn, position, nullptr, std::nullopt});
-      return;
-    }
+    if (kind == GlobalKind::kDcpBytesStorageMetadata) return b_.add_bytes(fqn, k->offset);
     if (kind != GlobalKind::kDcpTensorStorageMetadata) {
       fail(*v, "entry '" + fqn + "' is a " + v->type_name() + ", expected TensorStorageMetadata or BytesStorageMetadata");
     }
@@ -356,9 +259,7 @@ class MetadataReader {
     TensorEntry t = built != built_.end() ? std::move(built->second.entry) : tensor_entry(fqn, *v);
     if (built != built_.end()) built_.erase(built);
     t.name = fqn;
-    add_fqn(fqn, true, c_.tensors.size(), *k);
-    t.position = position;
-    c_.tensors.push_back(std::move(t));
+    b_.add_tensor(std::move(t), k->offset);
   }
 
   // A TensorStorageMetadata object as an entry named `fqn` (the name is used in messages only).
@@ -378,25 +279,10 @@ class MetadataReader {
       Chunk ch;
       ch.offsets = size_of(require(cf, "offsets", *cv), "chunk offsets", &fqn);
       ch.sizes = size_of(require(cf, "sizes", *cv), "chunk sizes", &fqn);
-      if (ch.offsets.size() != t.shape.size() || ch.sizes.size() != t.shape.size()) {
-        fail(*cv, "chunk of '" + fqn + "' has " + std::to_string(ch.offsets.size()) + "-d offsets and " +
-                      std::to_string(ch.sizes.size()) + "-d sizes for a " + std::to_string(t.shape.size()) + "-d tensor");
-      }
-      for (std::size_t d = 0; d < t.shape.size(); ++d) {
-        if (ch.offsets[d] + ch.sizes[d] > t.shape[d]) {
-          fail(*cv, "chunk of '" + fqn + "' spans [" + std::to_string(ch.offsets[d]) + ", " +
-                        std::to_string(ch.offsets[d] + ch.sizes[d]) + ") in dimension " + std::to_string(d) +
-                        ", past the tensor's size " + std::to_string(t.shape[d]));
-        }
-      }
+      if (std::string problem = detail::chunk_problem(fqn, t.shape, ch); !problem.empty()) fail(*cv, problem);
       t.chunks.push_back(std::move(ch));
     }
     return t;
-  }
-
-  void add_fqn(const std::string& fqn, bool tensor, std::size_t index, const Value& at) {
-    if (!entries_.insert(fqn, Placed{tensor, index})) fail(at, "state_dict_metadata names '" + fqn + "' twice");
-    if (tensor) next_chunk_.push_back(0);
   }
 
   void read_properties(const ValuePtr& p, TensorEntry& t) const {
@@ -428,65 +314,7 @@ class MetadataReader {
 
   std::string source_;
   Checkpoint& c_;
-  std::string writer_;
-  struct Placed {
-    bool tensor;
-    std::size_t index;  ///< into c_.tensors or c_.objects
-  };
-  // The entries by FQN without a second copy of the names (NOTE [Compact chunks]): an
-  // open-addressing table of entry numbers, each compared with its entry's own name.
-  class EntryIndex {
-   public:
-    explicit EntryIndex(const Checkpoint& c) : c_(c) {}
-    std::optional<Placed> find(std::string_view fqn) const {
-      if (slots_.empty()) return std::nullopt;
-      for (std::size_t i = hash(fqn) & mask();; i = (i + 1) & mask()) {
-        if (slots_[i] == 0) return std::nullopt;
-        const Placed p = decode(slots_[i]);
-        if (name(p) == fqn) return p;
-      }
-    }
-    /// False when an entry of that name is there already.
-    bool insert(std::string_view fqn, Placed p) {
-      if (find(fqn)) return false;
-      if (p.index + 1 >= kTensor) throw std::length_error("more than 2^31 checkpoint entries");
-      if (2 * (count_ + 1) > slots_.size()) grow();
-      put(fqn, encode(p));
-      ++count_;
-      return true;
-    }
-
-   private:
-    static constexpr std::uint32_t kTensor = std::uint32_t{1} << 31;
-    static std::size_t hash(std::string_view s) { return std::hash<std::string_view>{}(s); }
-    std::size_t mask() const { return slots_.size() - 1; }
-    static std::uint32_t encode(Placed p) { return (p.tensor ? kTensor : 0) | static_cast<std::uint32_t>(p.index + 1); }
-    static Placed decode(std::uint32_t v) { return {(v & kTensor) != 0, static_cast<std::size_t>((v & ~kTensor) - 1)}; }
-    // insert() runs just before its entry is pushed, and compares only with entries pushed before.
-    const std::string& name(Placed p) const { return p.tensor ? c_.tensors[p.index].name : c_.objects[p.index].name; }
-    void put(std::string_view fqn, std::uint32_t v) {
-      std::size_t i = hash(fqn) & mask();
-      while (slots_[i] != 0) i = (i + 1) & mask();
-      slots_[i] = v;
-    }
-    void grow() {
-      std::vector<std::uint32_t> old(std::max<std::size_t>(64, 2 * slots_.size()), 0);
-      old.swap(slots_);
-      for (std::uint32_t v : old) {
-        if (v != 0) put(name(decode(v)), v);
-      }
-    }
-    const Checkpoint& c_;
-    std::vector<std::uint32_t> slots_;  ///< 0: empty; else kTensor for a tensor | (index + 1)
-    std::size_t count_ = 0;
-  };
-  EntryIndex entries_{c_};
-  std::vector<std::uint32_t> next_chunk_;  ///< per tensor: the chunk place() looks at first
-  struct Pending {
-    ChunkLocation location;
-    std::uint64_t offset;  ///< of its MetadataIndex, for errors
-  };
-  std::map<Key, Pending> pending_;  ///< storage_data items read before their entry
+  detail::DcpIndexBuilder b_{source_, c_};
   const Value* sdm_dict_ = nullptr;       ///< the dicts offer() took items from (compared only)
   const Value* storage_dict_ = nullptr;
   struct FirstOpaque {
@@ -496,8 +324,6 @@ class MetadataReader {
   };
   bool seen_global_ = false;
   std::optional<FirstOpaque> first_opaque_;
-  std::map<std::string, std::size_t> file_by_name_;
-  std::shared_ptr<const ChunkLocation::Layout> last_layout_;  ///< the transforms the last chunk had
   // By token (NOTE [Entries as they are built]). The token is held here until its entry is
   // claimed, so that its address, the key, is not reused by another while it is in the map.
   struct Built {
