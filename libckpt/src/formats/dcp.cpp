@@ -346,6 +346,14 @@ std::optional<int> rank_of(const std::string& name) {
 
 void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c, MetaTrees trees,
                                const std::function<void(std::uint64_t)>& release) {
+  // The direct reader first (NOTE [The direct .metadata reader]); the tree when it declines, or
+  // when the tree is to be kept.
+  if (trees == MetaTrees::kDrop && read_dcp_metadata_direct(bytes, source, c, release)) return;
+  read_dcp_metadata_tree(bytes, source, c, trees, release);
+}
+
+void detail::read_dcp_metadata_tree(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c, MetaTrees trees,
+                                    const std::function<void(std::uint64_t)>& release) {
   MetadataReader reader(source, c);
   pickle::ParseOptions o;
   o.persistent_ids = pickle::PersistentIds::kRefuse;

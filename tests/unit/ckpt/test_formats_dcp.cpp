@@ -8,6 +8,7 @@
 #include "ckpt/dcp.hpp"
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/torch_save.hpp"
+#include "formats/dcp_metadata.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
 
@@ -61,6 +62,26 @@ pk::ValuePtr& field(const pk::ValuePtr& v, const std::string& key) {
 }
 pk::ValuePtr& first_value(const pk::ValuePtr& dict) { return std::get<pk::Dict>(dict->payload).items.front().second; }
 pk::ValuePtr& first_key(const pk::ValuePtr& dict) { return std::get<pk::Dict>(dict->payload).items.front().first; }
+
+// NOTE [The direct .metadata reader]: reads `dir`'s .metadata with the direct reader and, when it
+// accepts, with the tree reader too, which must then succeed and give the same index. Returns
+// whether the direct reader accepted.
+bool direct_reader_agrees(const std::filesystem::path& dir) {
+  const auto bytes = read_all(dir / ".metadata");
+  ckpt::Checkpoint direct;
+  direct.root = dir;
+  direct.format = ckpt::Format::kDcp;
+  ckpt::Checkpoint tree = direct;
+  const bool accepted = ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct);
+  if (!accepted) {
+    CHECK(direct.tensors.empty());  // declining touches nothing
+    return false;
+  }
+  INFO(dir.string());
+  REQUIRE_NOTHROW(ckpt::detail::read_dcp_metadata_tree(bytes, ".metadata", tree));
+  CHECK(ckpt::detail::index_difference(direct, tree) == "");
+  return true;
+}
 
 }  // namespace
 
@@ -209,6 +230,7 @@ TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
       write_sample(dir.path());
       edit_metadata(dir.path(), row.edit);
       REQUIRE_THROWS_MATCHES(ckpt::open_dcp(dir.path()), ckpt::Error, IsCkptError(ErrorKind::kFormat, std::nullopt, row.message));
+      CHECK_FALSE(direct_reader_agrees(dir.path()));  // the error is the tree reader's
       try {
         ckpt::open_dcp(dir.path());
       } catch (const ckpt::Error& e) {
@@ -316,6 +338,7 @@ TEST_CASE("streamed .metadata: the index is the same in either dict order and wi
     std::stable_partition(items.begin(), items.end(), [](const auto& kv) { return *kv.first->str() == "storage_data"; });
   });
   CHECK(index_of(ckpt::open_dcp(dir.path())) == expected);
+  CHECK(direct_reader_agrees(dir.path()));
   // An item that belongs to no chunk is reported, in both readings.
   edit_metadata(dir.path(), [](pk::ValuePtr& root) {
     auto& items = std::get<pk::Dict>(field(root, "state_dict_metadata")->payload).items;
@@ -324,6 +347,60 @@ TEST_CASE("streamed .metadata: the index is the same in either dict order and wi
   const std::string dropped = index_of(ckpt::open_dcp(dir.path()));
   CHECK(dropped == index_of(ckpt::open_dcp(dir.path(), ckpt::MetaTrees::kKeep)));
   CHECK(dropped.find("unreferenced model.w") != std::string::npos);
+  CHECK(direct_reader_agrees(dir.path()));
+}
+
+TEST_CASE("the direct .metadata reader reads what the tree reader reads, or declines", "[ckpt][dcp]") {
+  SECTION("what write_dcp writes, each layout, compressed or not, with planner_data") {
+    for (auto layout : {ckpt::DcpLayout::kCurrent, ckpt::DcpLayout::kTorch113}) {
+      for (auto compression : {ckpt::DcpCompression::kNone, ckpt::DcpCompression::kZstd}) {
+        TestDir dir;
+        write_sample(dir.path(), layout, compression);
+        CHECK(direct_reader_agrees(dir.path()));
+      }
+    }
+    TestDir dir;
+    write_sample(dir.path());
+    const auto c = ckpt::open_dcp(dir.path());
+    CHECK_FALSE(c.planner_data.empty());
+    CHECK(c.find_tensor("model.w")->chunks[1].location.has_value());
+  }
+  SECTION("what torch 1.13 wrote") {
+    CHECK(direct_reader_agrees(testdata("dcp/torch113_2rank")));
+    CHECK(direct_reader_agrees(testdata("dcp/torch113_4rank")));
+  }
+  SECTION("the hostile and broken corpus: declined, or read alike when only the data files are bad") {
+    int declined = 0, agreed = 0;
+    for (const auto& e : std::filesystem::directory_iterator(testdata("bad"))) {
+      if (!std::filesystem::exists(e.path() / ".metadata")) continue;
+      (direct_reader_agrees(e.path()) ? agreed : declined)++;
+    }
+    CHECK(declined >= 10);  // every .metadata the tree reader refuses (the corpus has more than ten)
+    CHECK(agreed >= 1);
+  }
+  SECTION("a Metadata that is not a plain dataclass state, or a memo GET of a dict, is left to the tree reader") {
+    TestDir dir;
+    write_sample(dir.path());
+    // Megatron's subclass from another module: the tree reader notes it, the direct reader declines.
+    edit_metadata(dir.path(), [](pk::ValuePtr& root) {
+      std::get<std::unique_ptr<pk::Object>>(root->payload)->callable = pk::make_global("megatron.core.dist_checkpointing", "Metadata");
+    });
+    CHECK_FALSE(direct_reader_agrees(dir.path()));
+    CHECK(ckpt::open_dcp(dir.path()).notes.front().find("subclass") != std::string::npos);
+    // One dict object under two fields: the pickler writes the second as a GET.
+    TestDir shared;
+    write_sample(shared.path());
+    edit_metadata(shared.path(), [](pk::ValuePtr& root) { field(root, "planner_data") = pk::make_dict(); field(root, "version") = field(root, "planner_data"); });
+    CHECK_FALSE(direct_reader_agrees(shared.path()));
+    CHECK_NOTHROW(ckpt::open_dcp(shared.path()));
+  }
+}
+
+TEST_CASE("real torch 2.4 Megatron .metadata: the direct reader reads it as the tree reader does", "[ckpt][dcp]") {
+  const auto dir = shared_testdata_or_skip("LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt");
+  // torch 2.4's own layout: StorageMeta with a pathlib.PosixPath checkpoint_id, BytesStorageMetadata
+  // entries, and Megatron's extra mcore_data attribute (noted alike by both readers).
+  CHECK(direct_reader_agrees(dir));
 }
 
 TEST_CASE("escape_name escapes control characters and bytes that are not UTF-8", "[ckpt][inspect]") {

@@ -1,0 +1,975 @@
+// SPDX-License-Identifier: Apache-2.0
+// The direct .metadata reader. NOTE [The direct .metadata reader]:
+//
+// The tree reader (dcp.cpp) runs the restricted unpickler, which makes a node for every value,
+// and reads the index from the nodes. For the .metadata of a large checkpoint that is millions of
+// nodes, each allocated, reference-counted and freed: most of the time `inspect` takes. This
+// reader runs the same pickle opcodes over small tokens instead: scalars held in the token,
+// strings as views of the file, containers as runs of tokens in one arena whose tail is given back
+// as soon as nothing on the stack or in the memo needs it. DCP's classes are read as BUILD
+// finishes them (a ChunkStorageMetadata into its boxes, a TensorStorageMetadata into its entry)
+// and the two big dicts are handed to the same DcpIndexBuilder the tree reader uses, batch by
+// batch. Only the memo entries a GET uses are kept (the first pass, pickle/memo_scan.hpp).
+//
+// It reads only what a well-formed .metadata holds, the shapes torch 1.13 to 2.x write. Anything
+// else (an error of any kind, an opcode or class it does not model, a list or dict a GET shares,
+// a Metadata subclass) makes it decline, and the tree reader reads the file from the start: so
+// every error is the tree reader's, with its offsets and wording, every hostile pickle is refused
+// by the unpickler's one allow-list, and the direct reader never needs to be right about a bad
+// file, only to decline it. What it accepts it must read exactly as the tree reader does: tests
+// and the .metadata fuzz target compare the two indexes (detail::index_difference).
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "ckpt/error.hpp"
+#include "formats/dcp_index.hpp"
+#include "formats/dcp_metadata.hpp"
+#include "pickle/memo_scan.hpp"
+#include "pickle/opcodes.hpp"
+
+namespace ckpt::detail {
+namespace {
+
+namespace op = pickle::op;
+using pickle::GlobalKind;
+
+/// Thrown inside the reader when it declines; caught at its entry point.
+struct Decline {};
+[[noreturn]] void decline() { throw Decline{}; }
+
+enum class Tag : std::uint8_t {
+  kNone, kBool, kInt, kFloat,
+  kStr,  // a = where its bytes are, n = how many; x = 1 once the memo holds it (a GET may share it)
+  kBytes, kGlobal,
+  kTuple, kList, kDict,  // a = first token in the arena, n = tokens (a dict's are key, value, ...);
+                         // a dict's b = its number, x = what its pairs went to (1 entries, 2 storage)
+  kObject,  // made by NEWOBJ, not (or, BytesStorageMetadata, already) built: kind its class, a its global
+  kOther,   // a value whose content nothing reads (a layout, a memory format, a path, StorageMeta)
+  kSize,    // torch.Size: a = its ints in the arena, n = how many
+  kProps,   // TensorProperties: a = DType, b = requires_grad
+  kChunk,   // ChunkStorageMetadata: a = offsets, b = sizes (ints in the arena), n = rank
+  kTensor,  // TensorStorageMetadata: a = its entry in tensors_
+  kIndex,   // MetadataIndex: a, n = fqn's bytes; b = offsets in the arena, x = rank or kNoOffsets
+  kInfo,    // _StorageInfo: n = its file's index; a = offset; b = length; x = transforms + 1
+  kRoot,    // the Metadata object, read
+};
+
+struct Tok {
+  Tag tag = Tag::kNone;
+  GlobalKind kind = GlobalKind::kOpaque;
+  std::uint16_t depth = 0;  ///< nesting below it, as the tree reader counts it
+  std::uint32_t n = 0;
+  std::uint32_t x = 0;
+  std::uint32_t end = 0;  ///< the arena tokens below this index it needs (0: none)
+  std::uint64_t a = 0, b = 0;
+};
+static_assert(sizeof(Tok) == 32);
+constexpr std::uint32_t kNoOffsets = ~std::uint32_t{0};
+constexpr std::size_t kMaxArena = std::size_t{1} << 31;
+constexpr std::uint16_t kMaxDepth = 900;  // below the unpickler's pickle::kMaxDepth: it would accept
+
+struct Slot {
+  Tok t;
+  std::uint32_t live;  ///< the arena this token and every one below it on the stack needs
+};
+
+class DirectReader {
+ public:
+  DirectReader(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c,
+               const std::function<void(std::uint64_t)>& release)
+      : p0_(reinterpret_cast<const std::uint8_t*>(bytes.data())), n_(bytes.size()), release_(release), c_(c), b_(source, c) {}
+
+  void run(const pickle::IndexSet& referenced) {
+    if (referenced.has_sparse()) decline();
+    const auto& words = referenced.dense_words();
+    rank_.resize(words.size() + 1);
+    for (std::size_t w = 0; w < words.size(); ++w) rank_[w + 1] = rank_[w] + static_cast<std::uint32_t>(ones(words[w]));
+    words_ = &words;
+    memo_.resize(rank_.back());
+    memo_set_.assign(rank_.back(), false);
+    if (n_ == 0) decline();
+    std::size_t i = 0;
+    std::size_t next_release = kReleaseEvery;
+    while (true) {
+      if (i >= next_release) {
+        if (release_) release_(i);
+        next_release = i + kReleaseEvery;
+      }
+      if (i >= n_) decline();  // no STOP
+      const std::uint8_t code = p0_[i++];
+      if (code == op::kStop) {
+        if (i != n_ || stack_.empty() || stack_.back().t.tag != Tag::kRoot) decline();
+        return;
+      }
+      i = step(code, i);
+    }
+  }
+
+ private:
+  static constexpr std::size_t kReleaseEvery = std::size_t{1} << 20;
+
+  // --- operands ---
+  std::uint64_t le(std::size_t at, int width) const {
+    std::uint64_t v = 0;
+    for (int k = width - 1; k >= 0; --k) v = (v << 8) | p0_[at + static_cast<std::size_t>(k)];
+    return v;
+  }
+  void need(std::size_t i, std::uint64_t bytes) const {
+    if (bytes > n_ - i) decline();
+  }
+  std::string_view view(const Tok& s) const { return {reinterpret_cast<const char*>(p0_ + s.a), s.n}; }
+  void push_str(std::size_t at, std::uint64_t len) {
+    if (len > 0xffffffffu) decline();
+    std::string_view s(reinterpret_cast<const char*>(p0_ + at), len);
+    if (!ascii(s) && !pickle::valid_utf8(s)) decline();
+    Tok& t = emplace(Tag::kStr);
+    t.a = at;
+    t.n = static_cast<std::uint32_t>(len);
+  }
+  static bool ascii(std::string_view s) {
+    std::size_t i = 0;
+    std::uint64_t acc = 0;
+    for (; i + 8 <= s.size(); i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, s.data() + i, 8);
+      acc |= w;
+    }
+    for (; i < s.size(); ++i) acc |= static_cast<unsigned char>(s[i]);
+    return (acc & 0x8080808080808080u) == 0;
+  }
+
+  // --- the stack ---
+  // A new token on the stack, made in place (a token built elsewhere and copied in is read back
+  // with other widths than it was written with, which stalls), needing no arena.
+  Tok& emplace(Tag tag) {
+    const std::uint32_t below = stack_.empty() ? 0 : stack_.back().live;
+    Slot& s = stack_.emplace_back();
+    s.t.tag = tag;
+    s.live = below;
+    return s.t;
+  }
+  void push(const Tok& t) {
+    const std::uint32_t below = stack_.empty() ? 0 : stack_.back().live;
+    stack_.push_back(Slot{t, std::max(below, t.end)});
+  }
+  std::size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
+  Tok pop() {
+    if (stack_.size() <= fence()) decline();
+    Tok t = stack_.back().t;
+    stack_.pop_back();
+    return t;
+  }
+  Tok& top() {
+    if (stack_.size() <= fence()) decline();
+    return stack_.back().t;
+  }
+  void retop() {  // after the top token changed
+    const std::uint32_t below = stack_.size() >= 2 ? stack_[stack_.size() - 2].live : 0;
+    stack_.back().live = std::max(below, stack_.back().t.end);
+  }
+  std::size_t pop_mark() {  // the stack index of the first item above the mark
+    if (marks_.empty()) decline();
+    const std::size_t m = marks_.back();
+    marks_.pop_back();
+    return m;
+  }
+  // Gives back the arena's tail that nothing on the stack or in the memo needs.
+  void collect() {
+    const std::uint32_t keep = std::max(stack_.empty() ? std::uint32_t{0} : stack_.back().live, pinned_);
+    if (keep < arena_.size()) arena_.resize(keep);
+  }
+
+  std::uint32_t arena_end() const {
+    if (arena_.size() >= kMaxArena) decline();
+    return static_cast<std::uint32_t>(arena_.size());
+  }
+
+  // --- containers ---
+  static std::uint16_t deeper(std::uint16_t depth, const Tok& child) {
+    const int d = std::max<int>(depth, child.depth + 1);
+    if (d > kMaxDepth) decline();
+    return static_cast<std::uint16_t>(d);
+  }
+  // A tuple of stack items [from, end of stack), which are popped.
+  Tok make_tuple(std::size_t from) {
+    Tok t;
+    t.tag = Tag::kTuple;
+    t.a = arena_.size();
+    t.n = static_cast<std::uint32_t>(stack_.size() - from);
+    for (std::size_t k = from; k < stack_.size(); ++k) {
+      arena_.push_back(stack_[k].t);
+      t.depth = deeper(t.depth, stack_[k].t);
+    }
+    stack_.resize(from);
+    t.end = t.n ? arena_end() : 0;
+    return t;
+  }
+  // Adds stack items [from, end of stack) to the list or dict below them, whose run moves to the
+  // arena's end when it is not there already.
+  void extend(std::size_t from) {
+    const std::size_t added = stack_.size() - from;
+    if (from == 0 || from <= fence()) decline();
+    Tok& target = stack_[from - 1].t;
+    if (added == 0) {
+      stack_.resize(from);
+      return;
+    }
+    if (target.n != 0 && target.a + target.n != arena_.size()) {
+      // The old run is left behind until the tail is given back: bounded, so that a pickle of
+      // many small batches cannot make this quadratic (the tree reader then reads it).
+      relocated_ += target.n;
+      if (relocated_ > n_ / 8 + kBatch) decline();
+      const std::size_t old = target.a;
+      target.a = arena_.size();
+      arena_.reserve(arena_.size() + target.n + added);
+      for (std::size_t k = 0; k < target.n; ++k) arena_.push_back(arena_[old + k]);
+    } else if (target.n == 0) {
+      target.a = arena_.size();
+    }
+    for (std::size_t k = from; k < stack_.size(); ++k) {
+      arena_.push_back(stack_[k].t);
+      target.depth = deeper(target.depth, stack_[k].t);
+    }
+    target.n += static_cast<std::uint32_t>(added);
+    target.end = arena_end();
+    stack_.resize(from);
+    retop();
+  }
+
+  // --- the memo ---
+  // A referenced index's place in memo_: the referenced indices below it.
+  std::optional<std::size_t> memo_slot(std::uint64_t index) const {
+    const std::size_t w = static_cast<std::size_t>(index >> 6);
+    if (w >= words_->size()) return std::nullopt;
+    const std::uint64_t word = (*words_)[w];
+    const std::uint64_t bit = std::uint64_t{1} << (index & 63);
+    if (!(word & bit)) return std::nullopt;
+    return rank_[w] + ones(word & (bit - 1));
+  }
+  // std::popcount is a library call on baseline x86-64 (no POPCNT instruction assumed).
+  static std::size_t ones(std::uint64_t v) {
+    v -= (v >> 1) & 0x5555555555555555u;
+    v = (v & 0x3333333333333333u) + ((v >> 2) & 0x3333333333333333u);
+    v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0fu;
+    return static_cast<std::size_t>((v * 0x0101010101010101u) >> 56);
+  }
+  void memo_put(std::uint64_t index) {
+    Tok& t = top();
+    if (puts_) {
+      if (set_.insert(index)) ++memo_count_;
+    } else {
+      ++memo_count_;  // MEMOIZE only so far: index == memo_count_, new
+    }
+    const auto slot = memo_slot(index);
+    if (!slot) return;
+    switch (t.tag) {  // what a GET may share: values nothing changes after it is made
+      case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
+      case Tag::kGlobal: case Tag::kTuple: case Tag::kOther: case Tag::kSize: case Tag::kProps:
+        break;
+      default: decline();
+    }
+    if (t.tag == Tag::kStr) t.x = 1;  // may be shared: tree() makes one node of it
+    memo_[*slot] = t;
+    memo_set_[*slot] = true;
+    pinned_ = std::max(pinned_, t.end);
+  }
+  void first_put() {
+    if (puts_) return;
+    for (std::uint64_t k = 0; k < memo_count_; ++k) set_.insert(k);
+    puts_ = true;
+  }
+  void memo_get(std::uint64_t index) {
+    const auto slot = memo_slot(index);
+    if (!slot || !memo_set_[*slot]) decline();
+    push(memo_[*slot]);
+  }
+
+  // --- globals and objects ---
+  Tok global(std::string module, std::string name) {
+    if (module.empty() || name.empty()) decline();
+    pickle::ValuePtr g = pickle::make_global(std::move(module), std::move(name));
+    const pickle::Global* gp = g->global();
+    if (gp->kind == GlobalKind::kOpaque || pickle::runs_code(gp->module, gp->name)) decline();
+    Tok t;
+    t.tag = Tag::kGlobal;
+    t.kind = gp->kind;
+    t.a = globals_.size();
+    globals_.push_back(std::move(g));
+    return t;
+  }
+  const pickle::Global& global_of(const Tok& t) const { return *globals_[t.a]->global(); }
+  const Tok& item(const Tok& seq, std::size_t k) const { return arena_[seq.a + k]; }
+
+  void reduce() {
+    Tok args = pop();
+    Tok callable = pop();
+    if (args.tag != Tag::kTuple || callable.tag != Tag::kGlobal) decline();
+    Tok r;
+    r.depth = deeper(deeper(0, callable), args);
+    switch (callable.kind) {
+      case GlobalKind::kTorchSize: {
+        if (args.n != 1) decline();
+        const Tok& seq = item(args, 0);
+        if (seq.tag != Tag::kTuple && seq.tag != Tag::kList) decline();
+        for (std::size_t k = 0; k < seq.n; ++k) {
+          if (item(seq, k).tag != Tag::kInt) decline();
+        }
+        r.tag = Tag::kSize;
+        r.a = seq.a;
+        r.n = seq.n;
+        r.end = seq.n ? static_cast<std::uint32_t>(seq.a + seq.n) : 0;
+        break;
+      }
+      case GlobalKind::kBuiltinGetattr: {
+        const bool member = args.n == 2 && item(args, 0).tag == Tag::kGlobal && item(args, 0).kind == GlobalKind::kDcpMemoryFormat &&
+                            item(args, 1).tag == Tag::kStr;
+        if (!member) decline();
+        r.tag = Tag::kOther;
+        break;
+      }
+      case GlobalKind::kGetLayout:
+      case GlobalKind::kDcpMemoryFormat:
+      case GlobalKind::kPath:  // StorageMeta.checkpoint_id, as torch 2.4+ writes it
+        r.tag = Tag::kOther;
+        break;
+      default: decline();
+    }
+    push(r);
+    collect();
+  }
+
+  void newobj() {
+    Tok args = pop();
+    Tok cls = pop();
+    if (args.tag != Tag::kTuple || args.n != 0 || cls.tag != Tag::kGlobal) decline();
+    switch (cls.kind) {
+      case GlobalKind::kDcpMetadata: case GlobalKind::kDcpTensorStorageMetadata: case GlobalKind::kDcpChunkStorageMetadata:
+      case GlobalKind::kDcpBytesStorageMetadata: case GlobalKind::kDcpTensorProperties: case GlobalKind::kDcpStorageMeta:
+      case GlobalKind::kDcpMetadataIndex: case GlobalKind::kDcpStorageInfo:
+        break;
+      default: decline();
+    }
+    Tok o;
+    o.tag = Tag::kObject;
+    o.kind = cls.kind;
+    o.a = cls.a;
+    o.depth = deeper(deeper(0, cls), args);
+    push(o);
+  }
+
+  // The fields BUILD gave an object (a dict with str keys; the first of a name counts, as in the
+  // tree reader).
+  // Field names are nearly always one memoized str that every object GETs: a key at the offset
+  // where `name` matched last time is `name` without comparing bytes.
+  struct Name {
+    std::string_view text;
+    std::uint64_t at = 0;  ///< where a str with this text was last found (0: not yet)
+  };
+  const Tok* field(const Tok& dict, Name& name) const {
+    for (std::size_t k = 0; k < dict.n; k += 2) {
+      const Tok& key = item(dict, k);
+      if ((key.a == name.at && name.at != 0) || view(key) == name.text) {
+        name.at = key.a;
+        return &item(dict, k + 1);
+      }
+    }
+    return nullptr;
+  }
+  const Tok& need_field(const Tok& dict, Name& name) const {
+    const Tok* f = field(dict, name);
+    if (!f) decline();
+    return *f;
+  }
+  static bool seq(const Tok& t) { return t.tag == Tag::kTuple || t.tag == Tag::kList; }
+  void check_fields(const Tok& state) const {
+    if (state.tag != Tag::kDict) decline();
+    for (std::size_t k = 0; k < state.n; k += 2) {
+      if (item(state, k).tag != Tag::kStr) decline();
+    }
+  }
+  // A torch.Size or a plain sequence of non-negative ints: where its ints are, and how many.
+  std::pair<std::uint64_t, std::uint32_t> dims(const Tok& t) const {
+    if (t.tag != Tag::kSize && !seq(t)) decline();
+    for (std::size_t k = 0; k < t.n; ++k) {
+      const Tok& v = item(t, k);
+      if (v.tag != Tag::kInt || static_cast<std::int64_t>(v.a) < 0) decline();
+    }
+    return {t.a, t.n};
+  }
+  Dims dims_value(std::uint64_t at, std::uint32_t n) const {
+    Dims d;
+    for (std::uint32_t k = 0; k < n; ++k) d.push_back(static_cast<std::int64_t>(arena_[at + k].a));
+    return d;
+  }
+  std::int64_t nonneg(const Tok& t) const {
+    if (t.tag != Tag::kInt || static_cast<std::int64_t>(t.a) < 0) decline();
+    return static_cast<std::int64_t>(t.a);
+  }
+
+  void build() {
+    Tok state = pop();
+    Tok& o = top();
+    if (o.tag != Tag::kObject || o.b != 0) decline();
+    const std::uint16_t depth = deeper(o.depth, state);
+    Tok r;
+    r.depth = depth;
+    switch (o.kind) {
+      case GlobalKind::kDcpChunkStorageMetadata: {
+        check_fields(state);
+        const auto [off, rank] = dims(need_field(state, names_.offsets));
+        const auto [sz, rank2] = dims(need_field(state, names_.sizes));
+        if (rank != rank2) decline();
+        r.tag = Tag::kChunk;
+        r.a = off;
+        r.b = sz;
+        r.n = rank;
+        r.end = rank ? static_cast<std::uint32_t>(std::max(off, sz) + rank) : 0;
+        break;
+      }
+      case GlobalKind::kDcpTensorStorageMetadata: {
+        check_fields(state);
+        const Tok& props = need_field(state, names_.properties);
+        if (props.tag != Tag::kProps) decline();
+        const auto [shape_at, rank] = dims(need_field(state, names_.size));
+        const Tok& chunks = need_field(state, names_.chunks);
+        if (!seq(chunks)) decline();
+        TensorEntry t;
+        t.dtype = static_cast<DType>(props.a);
+        t.requires_grad = props.b != 0;
+        t.shape = dims_value(shape_at, rank);
+        t.chunks.reserve(chunks.n);
+        for (std::size_t k = 0; k < chunks.n; ++k) {
+          const Tok& ch = item(chunks, k);
+          if (ch.tag != Tag::kChunk) decline();
+          Chunk chunk;
+          chunk.offsets = dims_value(ch.a, ch.n);
+          chunk.sizes = dims_value(ch.b, ch.n);
+          if (!chunk_problem(std::string(), t.shape, chunk).empty()) decline();
+          t.chunks.push_back(std::move(chunk));
+        }
+        r.tag = Tag::kTensor;
+        r.a = tensors_.size();
+        tensors_.push_back(std::move(t));
+        ++tensors_live_;
+        break;
+      }
+      case GlobalKind::kDcpTensorProperties: {
+        const Tok* dtype = nullptr;
+        const Tok* rg = nullptr;
+        if (seq(state) && state.n >= 3) {  // __getstate__: (dtype, layout, requires_grad, ...)
+          dtype = &item(state, 0);
+          rg = &item(state, 2);
+        } else {
+          check_fields(state);
+          dtype = &need_field(state, names_.dtype);
+          rg = field(state, names_.requires_grad);
+        }
+        if (dtype->tag != Tag::kGlobal || dtype->kind != GlobalKind::kDType) decline();
+        const auto d = dtype_from_torch_name(global_of(*dtype).name);
+        if (!d) decline();
+        r.tag = Tag::kProps;
+        r.a = static_cast<std::uint64_t>(*d);
+        r.b = rg && rg->tag == Tag::kBool ? rg->a : 0;
+        break;
+      }
+      case GlobalKind::kDcpMetadataIndex: {
+        check_fields(state);
+        const Tok& fqn = need_field(state, names_.fqn);
+        if (fqn.tag != Tag::kStr) decline();
+        r.tag = Tag::kIndex;
+        r.a = fqn.a;
+        r.n = fqn.n;
+        r.x = kNoOffsets;
+        if (const Tok* off = field(state, names_.offset); off && off->tag != Tag::kNone) {
+          const auto [at, rank] = dims(*off);
+          r.b = at;
+          r.x = rank;
+          r.end = rank ? static_cast<std::uint32_t>(at + rank) : 0;
+        }
+        break;
+      }
+      case GlobalKind::kDcpStorageInfo: {
+        check_fields(state);
+        const Tok& path = need_field(state, names_.relative_path);
+        if (path.tag != Tag::kStr) decline();
+        const auto off = static_cast<std::uint64_t>(nonneg(need_field(state, names_.offset)));
+        const auto len = static_cast<std::uint64_t>(nonneg(need_field(state, names_.length)));
+        if (off + len < off) decline();
+        r.tag = Tag::kInfo;
+        // Its file is looked up now: _StorageInfo objects are built in the order of their pairs,
+        // so files are numbered as the tree reader numbers them (root() checks they were all taken).
+        r.n = b_.file_index(view(path), 0);
+        r.a = off;
+        r.b = len;
+        ++infos_;
+        if (const Tok* td = field(state, names_.transform_descriptors); td && td->tag != Tag::kNone) {
+          if (!seq(*td)) decline();
+          std::vector<std::string> list;
+          for (std::size_t k = 0; k < td->n; ++k) {
+            if (item(*td, k).tag != Tag::kStr) decline();
+            list.emplace_back(view(item(*td, k)));
+          }
+          if (!list.empty()) {
+            if (transforms_.empty() || transforms_.back() != list) transforms_.push_back(std::move(list));
+            r.x = static_cast<std::uint32_t>(transforms_.size());
+          }
+        }
+        break;
+      }
+      case GlobalKind::kDcpBytesStorageMetadata:
+        // Its state is not read (it has no fields); it stays an object, now built.
+        o.b = 1;
+        o.depth = depth;
+        retop();
+        return collect();
+      case GlobalKind::kDcpStorageMeta:
+        r.tag = Tag::kOther;
+        break;
+      case GlobalKind::kDcpMetadata:
+        r = root(o, state);
+        r.depth = depth;
+        break;
+      default: decline();
+    }
+    o = r;
+    retop();
+    collect();
+  }
+
+  // --- the two big dicts ---
+  // SETITEM(S): pairs of state_dict_metadata (str, TensorStorageMetadata or BytesStorageMetadata)
+  // and of storage_data (MetadataIndex, _StorageInfo) go to the builder, in order; other pairs are
+  // kept in their dict. A dict gets one kind or the other, never both, never kept pairs besides.
+  void set_items(std::size_t from) {
+    if ((stack_.size() - from) % 2 != 0 || from == 0 || from <= fence()) decline();
+    Tok& d = stack_[from - 1].t;
+    if (d.tag != Tag::kDict) decline();
+    if (from == stack_.size()) return extend(from);
+    const Tok& k0 = stack_[from].t;
+    const bool entries = k0.tag == Tag::kStr && (stack_[from + 1].t.tag == Tag::kTensor || stack_[from + 1].t.tag == Tag::kObject);
+    const bool storage = k0.tag == Tag::kIndex;
+    if (!entries && !storage) {
+      if (d.x == kPaths) return take_paths(from);
+      if (d.x != 0) decline();
+      extend(from);
+      // A big dict of key paths (planner_data: one per entry) is made into its trees as it comes,
+      // instead of being moved to the arena's end whole at each batch.
+      if (d.n >= 2 * kBatch && path_like(d.a, d.n)) {
+        if (paths_dict_ != 0) decline();
+        paths_dict_ = d.b;
+        d.x = kPaths;
+        for (std::size_t k = 0; k < d.n; k += 2) paths_.emplace_back(std::string(view(item(d, k))), tree(item(d, k + 1), 0));
+        d.n = 0;
+        d.end = 0;
+        retop();
+        collect();
+      }
+      return;
+    }
+    if (d.n != 0) decline();
+    std::uint64_t& owner = entries ? sdm_dict_ : storage_dict_;
+    if (d.x == 0) d.x = entries ? 1 : 2;
+    if (d.x != (entries ? 1u : 2u)) decline();
+    if (owner == 0) owner = d.b;
+    if (owner != d.b) decline();
+    for (std::size_t k = from; k < stack_.size(); k += 2) {
+      const Tok& key = stack_[k].t;
+      const Tok& value = stack_[k + 1].t;
+      if (entries) {
+        if (key.tag != Tag::kStr) decline();
+        if (value.tag == Tag::kTensor) {
+          TensorEntry t = std::move(tensors_[value.a]);
+          t.name = view(key);
+          b_.add_tensor(std::move(t), 0);
+          --tensors_live_;
+        } else if (value.tag == Tag::kObject && value.kind == GlobalKind::kDcpBytesStorageMetadata) {
+          b_.add_bytes(std::string(view(key)), 0);
+        } else {
+          decline();
+        }
+      } else {
+        if (key.tag != Tag::kIndex || value.tag != Tag::kInfo) decline();
+        ChunkLocation loc;
+        loc.encoding = ChunkEncoding::kTorchSaveItem;
+        loc.file = value.n;
+        loc.offset = value.a;
+        loc.length = value.b;
+        --infos_;
+        if (value.x) loc.layout = b_.layout(transforms_[value.x - 1]);
+        const bool tensor = key.x != kNoOffsets;
+        b_.add_storage(view(key), tensor, tensor ? dims_value(key.b, key.x) : Dims{}, std::move(loc), 0);
+      }
+    }
+    stack_.resize(from);
+    if (tensors_live_ == 0) tensors_.clear();
+    collect();
+  }
+
+  static constexpr std::uint32_t kPaths = 3;     ///< a dict's x: its pairs are in paths_
+  static constexpr std::size_t kBatch = 1000;     ///< CPython's pickler adds items 1,000 at a time
+  bool path_like(std::uint64_t at, std::size_t n) const {
+    for (std::size_t k = 0; k < n; k += 2) {
+      const Tok& key = arena_[at + k];
+      const Tok& value = arena_[at + k + 1];
+      if (key.tag != Tag::kStr || !seq(value)) return false;
+      for (std::size_t j = 0; j < value.n; ++j) {
+        const Tag t = item(value, j).tag;
+        if (t != Tag::kStr && t != Tag::kInt) return false;
+      }
+    }
+    return true;
+  }
+  void take_paths(std::size_t from) {
+    for (std::size_t k = from; k < stack_.size(); k += 2) {
+      const Tok& key = stack_[k].t;
+      const Tok& value = stack_[k + 1].t;
+      if (key.tag != Tag::kStr || !seq(value)) decline();
+      for (std::size_t j = 0; j < value.n; ++j) {
+        if (item(value, j).tag != Tag::kStr && item(value, j).tag != Tag::kInt) decline();
+      }
+      paths_.emplace_back(std::string(view(key)), tree(value, 0));
+    }
+    stack_.resize(from);
+    collect();
+  }
+
+  // --- Metadata ---
+  Tok root(const Tok& o, const Tok& state) {
+    if (root_done_) decline();
+    root_done_ = true;
+    check_fields(state);
+    static constexpr std::string_view kKnown[] = {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"};
+    for (std::size_t k = 0; k < state.n; k += 2) {
+      const std::string_view name = view(item(state, k));
+      if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) {
+        c_.notes.push_back("Metadata has extra attribute '" + std::string(name) + "'");
+      }
+    }
+    const Tok* version = field(state, names_.version);
+    const std::string version_text = version && version->tag == Tag::kStr ? std::string(view(*version)) : std::string();
+    b_.set_writer(global_of(o).module, field(state, names_.storage_meta) != nullptr, version && version->tag == Tag::kStr ? &version_text : nullptr);
+    const Tok& sdm = need_field(state, names_.state_dict_metadata);
+    const Tok& sd = need_field(state, names_.storage_data);
+    // Both read whole, each from the dict its pairs came from (an empty dict gave none).
+    auto whole = [](const Tok& d, std::uint64_t owner) { return d.tag == Tag::kDict && d.n == 0 && (owner == 0 || owner == d.b); };
+    if (!whole(sdm, sdm_dict_) || !whole(sd, storage_dict_)) decline();
+    if (infos_ != 0) decline();  // a _StorageInfo outside storage_data numbered a file
+    b_.finish();
+    if (const Tok* pd = field(state, names_.planner_data); pd && pd->tag != Tag::kNone) {
+      if (pd->tag != Tag::kDict) decline();
+      if (pd->x == kPaths) {
+        if (pd->b != paths_dict_) decline();
+        for (auto& [key, value] : paths_) c_.planner_data.insert_or_assign(std::move(key), std::move(value));
+        paths_ = {};
+      }
+      for (std::size_t k = 0; k < pd->n; k += 2) {
+        const Tok& key = item(*pd, k);
+        if (key.tag == Tag::kStr) c_.planner_data[std::string(view(key))] = tree(item(*pd, k + 1), 0);
+      }
+    }
+    Tok r;
+    r.tag = Tag::kRoot;
+    return r;
+  }
+  // A planner_data value as the unpickler's tree: strs, ints and the tuples and lists of them.
+  // A str or tuple a GET shared is one node, as in the tree reader.
+  pickle::ValuePtr tree(const Tok& t, int depth) {
+    if (depth > 64) decline();
+    switch (t.tag) {
+      case Tag::kNone: return pickle::make_none();
+      case Tag::kBool: return pickle::make_bool(t.a != 0);
+      case Tag::kInt: return pickle::make_int(static_cast<std::int64_t>(t.a));
+      case Tag::kStr: {
+        if (t.x == 0) return pickle::make_str(std::string(view(t)));
+        pickle::ValuePtr& v = shared_[{t.tag, t.a}];
+        if (!v) v = pickle::make_str(std::string(view(t)));
+        return v;
+      }
+      case Tag::kTuple:
+      case Tag::kList: {
+        pickle::ValuePtr* cached = nullptr;
+        // Only a GET shares a tuple, and the memo pins what it holds: its place is its own for good.
+        if (t.tag == Tag::kTuple && t.n != 0 && t.end <= pinned_) {
+          cached = &shared_[{t.tag, t.a}];
+          if (*cached) return *cached;
+        }
+        std::vector<pickle::ValuePtr> items;
+        items.reserve(t.n);
+        for (std::size_t k = 0; k < t.n; ++k) items.push_back(tree(item(t, k), depth + 1));
+        pickle::ValuePtr v = t.tag == Tag::kTuple ? pickle::make_tuple(std::move(items)) : pickle::make_list(std::move(items));
+        if (cached) *cached = v;
+        return v;
+      }
+      default: decline();
+    }
+  }
+
+  std::size_t step(std::uint8_t code, std::size_t i) {
+    switch (code) {
+      case op::kProto:
+        need(i, 1);
+        if (p0_[i] > 5) decline();
+        return i + 1;
+      case op::kFrame:
+        need(i, 8);
+        need(i + 8, le(i, 8));
+        return i + 8;
+      case op::kMark: marks_.push_back(stack_.size()); return i;
+      case op::kEmptyTuple: emplace(Tag::kTuple); return i;
+      case op::kTuple1: case op::kTuple2: case op::kTuple3: {
+        const std::size_t k = code == op::kTuple1 ? 1 : code == op::kTuple2 ? 2 : 3;
+        if (stack_.size() < fence() + k) decline();
+        push(make_tuple(stack_.size() - k));
+        return i;
+      }
+      case op::kTuple: {
+        const std::size_t from = pop_mark();
+        push(make_tuple(from));
+        return i;
+      }
+      case op::kEmptyList: emplace(Tag::kList); return i;
+      case op::kEmptyDict: emplace(Tag::kDict).b = ++dicts_; return i;
+      case op::kAppend: {
+        if (stack_.size() < fence() + 2 || stack_[stack_.size() - 2].t.tag != Tag::kList) decline();
+        extend(stack_.size() - 1);
+        collect();
+        return i;
+      }
+      case op::kAppends: {
+        const std::size_t from = pop_mark();
+        if (from == 0 || stack_[from - 1].t.tag != Tag::kList) decline();
+        extend(from);
+        collect();
+        return i;
+      }
+      case op::kSetItem:
+        if (stack_.size() < fence() + 3) decline();
+        set_items(stack_.size() - 2);
+        return i;
+      case op::kSetItems: set_items(pop_mark()); return i;
+      case op::kNone: emplace(Tag::kNone); return i;
+      case op::kNewTrue: case op::kNewFalse: emplace(Tag::kBool).a = code == op::kNewTrue; return i;
+      case op::kBinInt1: case op::kBinInt2: case op::kBinInt: {
+        const int w = code == op::kBinInt1 ? 1 : code == op::kBinInt2 ? 2 : 4;
+        need(i, static_cast<std::uint64_t>(w));
+        const std::uint64_t v = le(i, w);
+        emplace(Tag::kInt).a = code == op::kBinInt ? static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(v))) : v;
+        return i + static_cast<std::size_t>(w);
+      }
+      case op::kLong1: case op::kLong4: {
+        const int w = code == op::kLong1 ? 1 : 4;
+        need(i, static_cast<std::uint64_t>(w));
+        const std::uint64_t len = le(i, w);
+        i += static_cast<std::size_t>(w);
+        if (len > 0x7fffffffu) decline();
+        need(i, len);
+        const pickle::Int v = pickle::decode_long(std::span(reinterpret_cast<const std::byte*>(p0_ + i), len));
+        if (!v.fits_int64()) decline();
+        emplace(Tag::kInt).a = static_cast<std::uint64_t>(v.value);
+        return i + len;
+      }
+      case op::kBinFloat: {
+        need(i, 8);
+        emplace(Tag::kFloat).a = le(i, 8);
+        return i + 8;
+      }
+      case op::kShortBinUnicode: case op::kShortBinString: case op::kBinUnicode: case op::kBinUnicode8: {
+        const int w = code == op::kBinUnicode8 ? 8 : code == op::kBinUnicode ? 4 : 1;
+        need(i, static_cast<std::uint64_t>(w));
+        const std::uint64_t len = le(i, w);
+        i += static_cast<std::size_t>(w);
+        need(i, len);
+        // SHORT_BINSTRING bytes that are not UTF-8 become latin-1 text in the tree reader: declined.
+        push_str(i, len);
+        return i + len;
+      }
+      case op::kShortBinBytes: case op::kBinBytes: case op::kBinBytes8: {
+        const int w = code == op::kBinBytes8 ? 8 : code == op::kBinBytes ? 4 : 1;
+        need(i, static_cast<std::uint64_t>(w));
+        const std::uint64_t len = le(i, w);
+        i += static_cast<std::size_t>(w);
+        need(i, len);
+        emplace(Tag::kBytes).a = i;
+        return i + len;
+      }
+      case op::kGlobal: {
+        std::string lines[2];
+        for (auto& line : lines) {
+          const auto* nl = static_cast<const std::uint8_t*>(std::memchr(p0_ + i, '\n', n_ - i));
+          if (!nl) decline();
+          line.assign(reinterpret_cast<const char*>(p0_ + i), static_cast<std::size_t>(nl - (p0_ + i)));
+          if (!pickle::valid_utf8(line)) decline();
+          i = static_cast<std::size_t>(nl - p0_) + 1;
+        }
+        push(global(std::move(lines[0]), std::move(lines[1])));
+        return i;
+      }
+      case op::kStackGlobal: {
+        const Tok name = pop();
+        const Tok module = pop();
+        if (module.tag != Tag::kStr || name.tag != Tag::kStr) decline();
+        push(global(std::string(view(module)), std::string(view(name))));
+        return i;
+      }
+      case op::kReduce: reduce(); return i;
+      case op::kNewObj: newobj(); return i;
+      case op::kBuild: build(); return i;
+      case op::kBinPut: case op::kLongBinPut: {
+        const int w = code == op::kBinPut ? 1 : 4;
+        need(i, static_cast<std::uint64_t>(w));
+        first_put();
+        memo_put(le(i, w));
+        return i + static_cast<std::size_t>(w);
+      }
+      case op::kMemoize: memo_put(memo_count_); return i;
+      case op::kBinGet: case op::kLongBinGet: {
+        const int w = code == op::kBinGet ? 1 : 4;
+        need(i, static_cast<std::uint64_t>(w));
+        memo_get(le(i, w));
+        return i + static_cast<std::size_t>(w);
+      }
+      default: decline();  // every other opcode is the tree reader's to accept or refuse
+    }
+  }
+
+  const std::uint8_t* p0_;
+  std::size_t n_;
+  const std::function<void(std::uint64_t)>& release_;
+  Checkpoint& c_;
+  DcpIndexBuilder b_;
+  std::vector<Slot> stack_;
+  std::vector<std::size_t> marks_;
+  std::vector<Tok> arena_;
+  std::uint32_t pinned_ = 0;  ///< the arena the memo's tokens need
+  const std::vector<std::uint64_t>* words_ = nullptr;
+  std::vector<std::uint32_t> rank_;  ///< per word of the referenced bitmap: referenced indices before it
+  std::vector<Tok> memo_;            ///< by memo_slot()
+  std::vector<bool> memo_set_;
+  bool puts_ = false;                ///< a BINPUT/LONG_BINPUT was met: set_ numbers MEMOIZE
+  pickle::IndexSet set_;
+  std::uint64_t memo_count_ = 0;
+  std::vector<pickle::ValuePtr> globals_;
+  std::vector<TensorEntry> tensors_;  ///< built TensorStorageMetadata, until their dict takes them
+  std::size_t tensors_live_ = 0;
+  std::vector<std::vector<std::string>> transforms_;
+  std::uint64_t dicts_ = 0;
+  std::uint64_t sdm_dict_ = 0, storage_dict_ = 0;  ///< the dicts (by number) the builder's pairs came from
+  std::int64_t infos_ = 0;  ///< _StorageInfo objects built and not yet taken by storage_data
+  bool root_done_ = false;
+  std::uint64_t relocated_ = 0;  ///< tokens extend() has copied
+  std::uint64_t paths_dict_ = 0;  ///< the dict (by number) whose pairs are in paths_
+  std::vector<std::pair<std::string, pickle::ValuePtr>> paths_;
+  std::map<std::pair<Tag, std::uint64_t>, pickle::ValuePtr> shared_;
+  mutable struct {
+    Name chunks{"chunks"};
+    Name dtype{"dtype"};
+    Name fqn{"fqn"};
+    Name length{"length"};
+    Name offset{"offset"};
+    Name offsets{"offsets"};
+    Name planner_data{"planner_data"};
+    Name properties{"properties"};
+    Name relative_path{"relative_path"};
+    Name requires_grad{"requires_grad"};
+    Name size{"size"};
+    Name sizes{"sizes"};
+    Name state_dict_metadata{"state_dict_metadata"};
+    Name storage_data{"storage_data"};
+    Name storage_meta{"storage_meta"};
+    Name transform_descriptors{"transform_descriptors"};
+    Name version{"version"};
+  } names_;
+};
+
+}  // namespace
+
+bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c,
+                              const std::function<void(std::uint64_t)>& release) {
+  Checkpoint out;
+  out.root = c.root;
+  out.format = c.format;
+  try {
+    pickle::ParseOptions scan;
+    scan.on_scanned = release;
+    const pickle::IndexSet referenced = pickle::referenced_memo(bytes, scan);
+    DirectReader(bytes, source, out, release).run(referenced);
+  } catch (const Decline&) {
+    return false;
+  } catch (const Error&) {  // the builder's: the tree reader says it, with the offset
+    return false;
+  }
+  c = std::move(out);
+  return true;
+}
+
+}  // namespace ckpt::detail
+
+namespace ckpt::detail {
+namespace {
+
+std::string location_difference(const std::optional<ChunkLocation>& a, const std::optional<ChunkLocation>& b) {
+  if (a.has_value() != b.has_value()) return a ? "a location against none" : "no location against one";
+  if (!a) return {};
+  if (a->offset != b->offset || a->length != b->length || a->file != b->file || a->encoding != b->encoding ||
+      a->storage_offset != b->storage_offset) {
+    return "location (file " + std::to_string(a->file) + ", offset " + std::to_string(a->offset) + ", length " +
+           std::to_string(a->length) + ") against (file " + std::to_string(b->file) + ", offset " + std::to_string(b->offset) +
+           ", length " + std::to_string(b->length) + ")";
+  }
+  if (a->transforms() != b->transforms() || a->strides() != b->strides()) return "transforms or strides";
+  return {};
+}
+
+}  // namespace
+
+std::string index_difference(const Checkpoint& a, const Checkpoint& b) {
+  if (a.format != b.format) return "format";
+  if (a.writer != b.writer) return "writer '" + a.writer + "' against '" + b.writer + "'";
+  if (a.world_size != b.world_size) return "world size";
+  if (a.root != b.root) return "root";
+  if (a.files.size() != b.files.size()) return std::to_string(a.files.size()) + " files against " + std::to_string(b.files.size());
+  for (std::size_t i = 0; i < a.files.size(); ++i) {
+    if (a.files[i].relative != b.files[i].relative || a.files[i].path != b.files[i].path || a.files[i].size != b.files[i].size) {
+      return "file " + std::to_string(i) + ": '" + a.files[i].relative + "' against '" + b.files[i].relative + "'";
+    }
+  }
+  if (a.tensors.size() != b.tensors.size()) return std::to_string(a.tensors.size()) + " tensors against " + std::to_string(b.tensors.size());
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const TensorEntry& x = a.tensors[i];
+    const TensorEntry& y = b.tensors[i];
+    const std::string at = "tensor " + std::to_string(i) + " '" + x.name + "': ";
+    if (x.name != y.name) return at + "named '" + y.name + "' in the other";
+    if (x.position != y.position || x.dtype != y.dtype || x.requires_grad != y.requires_grad || x.shape != y.shape) {
+      return at + "position, dtype, requires_grad or shape";
+    }
+    if (x.chunks.size() != y.chunks.size()) return at + "chunk count";
+    for (std::size_t k = 0; k < x.chunks.size(); ++k) {
+      if (x.chunks[k].offsets != y.chunks[k].offsets || x.chunks[k].sizes != y.chunks[k].sizes) return at + "chunk " + std::to_string(k) + " box";
+      if (auto d = location_difference(x.chunks[k].location, y.chunks[k].location); !d.empty()) {
+        return at + "chunk " + std::to_string(k) + " " + d;
+      }
+    }
+  }
+  if (a.objects.size() != b.objects.size()) return std::to_string(a.objects.size()) + " objects against " + std::to_string(b.objects.size());
+  for (std::size_t i = 0; i < a.objects.size(); ++i) {
+    const ObjectEntry& x = a.objects[i];
+    const ObjectEntry& y = b.objects[i];
+    if (x.name != y.name || x.position != y.position) return "object " + std::to_string(i) + " '" + x.name + "' against '" + y.name + "'";
+    if ((x.value == nullptr) != (y.value == nullptr) || (x.value && pickle::repr(*x.value) != pickle::repr(*y.value))) {
+      return "object '" + x.name + "' value";
+    }
+    if (auto d = location_difference(x.item, y.item); !d.empty()) return "object '" + x.name + "' " + d;
+  }
+  if (a.metadata != b.metadata) return "metadata";
+  if (a.unreferenced_storage != b.unreferenced_storage) return "unreferenced storage";
+  if (a.notes != b.notes) return "notes";
+  if (a.meta_trees.size() != b.meta_trees.size()) return "meta trees";
+  if (a.planner_data.size() != b.planner_data.size()) return "planner_data size";
+  for (auto x = a.planner_data.begin(), y = b.planner_data.begin(); x != a.planner_data.end(); ++x, ++y) {
+    if (x->first != y->first || pickle::repr(*x->second) != pickle::repr(*y->second)) return "planner_data '" + x->first + "'";
+  }
+  return {};
+}
+
+}  // namespace ckpt::detail
