@@ -652,8 +652,11 @@ class DirectReader {
     const Tok& sdm = need_field(state, names_.state_dict_metadata);
     const Tok& sd = need_field(state, names_.storage_data);
     // Both read whole, each from the dict its pairs came from (an empty dict gave none).
-    auto whole = [](const Tok& d, std::uint64_t owner) { return d.tag == Tag::kDict && d.n == 0 && (owner == 0 || owner == d.b); };
-    if (!whole(sdm, sdm_dict_) || !whole(sd, storage_dict_)) decline();
+    // A dict whose pairs went elsewhere (paths_, the other builder call) is not whole.
+    auto whole = [](const Tok& d, std::uint64_t owner, std::uint32_t kind) {
+      return d.tag == Tag::kDict && d.n == 0 && ((owner == 0 && d.x == 0) || (owner == d.b && d.x == kind));
+    };
+    if (!whole(sdm, sdm_dict_, 1) || !whole(sd, storage_dict_, 2)) decline();
     if (infos_ != 0) decline();  // a _StorageInfo outside storage_data numbered a file
     b_.finish();
     if (const Tok* pd = field(state, names_.planner_data); pd && pd->tag != Tag::kNone) {

@@ -393,6 +393,17 @@ TEST_CASE("the direct .metadata reader reads what the tree reader reads, or decl
     edit_metadata(shared.path(), [](pk::ValuePtr& root) { field(root, "planner_data") = pk::make_dict(); field(root, "version") = field(root, "planner_data"); });
     CHECK_FALSE(direct_reader_agrees(shared.path()));
     CHECK_NOTHROW(ckpt::open_dcp(shared.path()));
+    // A dict of 1,000 key paths (planner_data's shape, which the direct reader turns into trees as
+    // it comes) where state_dict_metadata belongs: the tree reader refuses it, the direct declines.
+    TestDir paths;
+    write_sample(paths.path());
+    edit_metadata(paths.path(), [](pk::ValuePtr& root) {
+      std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> items;
+      for (int i = 0; i < 1000; ++i) items.emplace_back(pk::make_str("k" + std::to_string(i)), pk::make_tuple({pk::make_str("k")}));
+      field(root, "state_dict_metadata") = pk::make_dict(std::move(items));
+    });
+    CHECK_THROWS_AS(ckpt::open_dcp(paths.path()), ckpt::Error);
+    CHECK_FALSE(direct_reader_agrees(paths.path()));
   }
 }
 
