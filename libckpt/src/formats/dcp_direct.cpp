@@ -69,9 +69,75 @@ constexpr std::uint32_t kNoOffsets = ~std::uint32_t{0};
 constexpr std::size_t kMaxArena = std::size_t{1} << 31;
 constexpr std::uint16_t kMaxDepth = 900;  // below the unpickler's pickle::kMaxDepth: it would accept
 
-struct Slot {
-  Tok t;
-  std::uint32_t live;  ///< the arena this token and every one below it on the stack needs
+// The stack: its tokens and, per slot, the arena that slot and every slot below it need
+// (collect() keeps that much). Grown by hand: a push is one compare and two stores.
+class TokStack {
+ public:
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  Tok& back() noexcept { return toks_[size_ - 1]; }
+  Tok& operator[](std::size_t i) noexcept { return toks_[i]; }
+  const Tok& operator[](std::size_t i) const noexcept { return toks_[i]; }
+  const Tok* begin() const noexcept { return toks_.data(); }
+  const Tok* end() const noexcept { return toks_.data() + size_; }
+  std::uint32_t live() const noexcept { return size_ ? live_[size_ - 1] : 0; }
+  [[gnu::always_inline]] Tok& emplace(Tag tag) {
+    grow();
+    Tok& t = toks_[size_];
+    t = Tok{};
+    t.tag = tag;
+    live_[size_] = live();
+    ++size_;
+    return t;
+  }
+  [[gnu::always_inline]] void push(const Tok& t) {
+    grow();
+    live_[size_] = std::max(live(), t.end);
+    toks_[size_++] = t;
+  }
+  Tok pop() noexcept { return toks_[--size_]; }  // callers check size() first
+  void shrink(std::size_t size) noexcept { size_ = size; }
+  void retop() noexcept { live_[size_ - 1] = std::max(size_ >= 2 ? live_[size_ - 2] : 0, toks_[size_ - 1].end); }
+
+ private:
+  void grow() {
+    if (size_ == capacity_) [[unlikely]] grow_slow();
+  }
+  [[gnu::noinline]] void grow_slow() {
+    capacity_ = 2 * capacity_ + 64;
+    toks_.resize(capacity_);
+    live_.resize(capacity_);
+  }
+  std::vector<Tok> toks_;
+  std::vector<std::uint32_t> live_;
+  std::size_t size_ = 0, capacity_ = 0;
+};
+
+// The arena: runs of tokens, appended at the end and given back from the end.
+class TokArena {
+ public:
+  std::size_t size() const noexcept { return size_; }
+  const Tok& operator[](std::size_t i) const noexcept { return toks_[i]; }
+  void truncate(std::size_t size) noexcept { size_ = std::min(size_, size); }
+  void append(const Tok* first, const Tok* last) {
+    const auto n = static_cast<std::size_t>(last - first);
+    reserve(n);
+    std::copy(first, last, toks_.data() + size_);
+    size_ += n;
+  }
+  /// Appends a copy of its own tokens [from, from + n).
+  void append_own(std::size_t from, std::size_t n) {
+    reserve(n);
+    std::copy(toks_.data() + from, toks_.data() + from + n, toks_.data() + size_);
+    size_ += n;
+  }
+
+ private:
+  void reserve(std::size_t n) {
+    if (toks_.size() - size_ < n) toks_.resize(std::max(2 * toks_.size(), size_ + n) + 64);
+  }
+  std::vector<Tok> toks_;
+  std::size_t size_ = 0;
 };
 
 class DirectReader {
@@ -99,7 +165,7 @@ class DirectReader {
       if (i >= n_) decline();  // no STOP
       const std::uint8_t code = p0_[i++];
       if (code == op::kStop) {
-        if (i != n_ || stack_.empty() || stack_.back().t.tag != Tag::kRoot) decline();
+        if (i != n_ || stack_.empty() || stack_.back().tag != Tag::kRoot) decline();
         return;
       }
       i = step(code, i);
@@ -142,31 +208,23 @@ class DirectReader {
   // --- the stack ---
   // A new token on the stack, made in place (a token built elsewhere and copied in is read back
   // with other widths than it was written with, which stalls), needing no arena.
-  Tok& emplace(Tag tag) {
-    const std::uint32_t below = stack_.empty() ? 0 : stack_.back().live;
-    Slot& s = stack_.emplace_back();
-    s.t.tag = tag;
-    s.live = below;
-    return s.t;
+  [[gnu::always_inline]] Tok& emplace(Tag tag) {
+    return stack_.emplace(tag);
   }
-  void push(const Tok& t) {
-    const std::uint32_t below = stack_.empty() ? 0 : stack_.back().live;
-    stack_.push_back(Slot{t, std::max(below, t.end)});
+  [[gnu::always_inline]] void push(const Tok& t) {
+    stack_.push(t);
   }
   std::size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
-  Tok pop() {
+  [[gnu::always_inline]] Tok pop() {
     if (stack_.size() <= fence()) decline();
-    Tok t = stack_.back().t;
-    stack_.pop_back();
-    return t;
+    return stack_.pop();
   }
-  Tok& top() {
+  [[gnu::always_inline]] Tok& top() {
     if (stack_.size() <= fence()) decline();
-    return stack_.back().t;
+    return stack_.back();
   }
   void retop() {  // after the top token changed
-    const std::uint32_t below = stack_.size() >= 2 ? stack_[stack_.size() - 2].live : 0;
-    stack_.back().live = std::max(below, stack_.back().t.end);
+    stack_.retop();
   }
   std::size_t pop_mark() {  // the stack index of the first item above the mark
     if (marks_.empty()) decline();
@@ -176,13 +234,25 @@ class DirectReader {
   }
   // Gives back the arena's tail that nothing on the stack or in the memo needs.
   void collect() {
-    const std::uint32_t keep = std::max(stack_.empty() ? std::uint32_t{0} : stack_.back().live, pinned_);
-    if (keep < arena_.size()) arena_.resize(keep);
+    const std::uint32_t keep = std::max(stack_.live(), pinned_);
+    arena_.truncate(keep);
   }
 
   std::uint32_t arena_end() const {
     if (arena_.size() >= kMaxArena) decline();
     return static_cast<std::uint32_t>(arena_.size());
+  }
+
+  // Pops the stack down to `size`.
+  void shrink(std::size_t size) {
+    stack_.shrink(size);
+  }
+  // The depth a container of stack items [from, end) has.
+  std::uint16_t deepest(std::size_t from) const {
+    int d = 0;
+    for (std::size_t k = from; k < stack_.size(); ++k) d = std::max<int>(d, stack_[k].depth + 1);
+    if (d > kMaxDepth) decline();
+    return static_cast<std::uint16_t>(d);
   }
 
   // --- containers ---
@@ -197,11 +267,9 @@ class DirectReader {
     t.tag = Tag::kTuple;
     t.a = arena_.size();
     t.n = static_cast<std::uint32_t>(stack_.size() - from);
-    for (std::size_t k = from; k < stack_.size(); ++k) {
-      arena_.push_back(stack_[k].t);
-      t.depth = deeper(t.depth, stack_[k].t);
-    }
-    stack_.resize(from);
+    t.depth = deepest(from);
+    arena_.append(stack_.begin() + from, stack_.end());
+    shrink(from);
     t.end = t.n ? arena_end() : 0;
     return t;
   }
@@ -210,9 +278,9 @@ class DirectReader {
   void extend(std::size_t from) {
     const std::size_t added = stack_.size() - from;
     if (from == 0 || from <= fence()) decline();
-    Tok& target = stack_[from - 1].t;
+    Tok& target = stack_[from - 1];
     if (added == 0) {
-      stack_.resize(from);
+      shrink(from);
       return;
     }
     if (target.n != 0 && target.a + target.n != arena_.size()) {
@@ -222,18 +290,15 @@ class DirectReader {
       if (relocated_ > n_ / 8 + kBatch) decline();
       const std::size_t old = target.a;
       target.a = arena_.size();
-      arena_.reserve(arena_.size() + target.n + added);
-      for (std::size_t k = 0; k < target.n; ++k) arena_.push_back(arena_[old + k]);
+      arena_.append_own(old, target.n);
     } else if (target.n == 0) {
       target.a = arena_.size();
     }
-    for (std::size_t k = from; k < stack_.size(); ++k) {
-      arena_.push_back(stack_[k].t);
-      target.depth = deeper(target.depth, stack_[k].t);
-    }
+    target.depth = std::max(target.depth, deepest(from));
+    arena_.append(stack_.begin() + from, stack_.end());
     target.n += static_cast<std::uint32_t>(added);
     target.end = arena_end();
-    stack_.resize(from);
+    shrink(from);
     retop();
   }
 
@@ -254,15 +319,18 @@ class DirectReader {
     v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0fu;
     return static_cast<std::size_t>((v * 0x0101010101010101u) >> 56);
   }
-  void memo_put(std::uint64_t index) {
-    Tok& t = top();
+  [[gnu::always_inline]] void memo_put(std::uint64_t index) {
+    if (stack_.size() <= fence()) decline();
     if (puts_) {
       if (set_.insert(index)) ++memo_count_;
     } else {
       ++memo_count_;  // MEMOIZE only so far: index == memo_count_, new
     }
-    const auto slot = memo_slot(index);
-    if (!slot) return;
+    const std::size_t w = static_cast<std::size_t>(index >> 6);
+    if (w < words_->size() && ((*words_)[w] >> (index & 63) & 1)) keep(index);  // else no GET wants it
+  }
+  [[gnu::noinline]] void keep(std::uint64_t index) {
+    Tok& t = stack_.back();
     switch (t.tag) {  // what a GET may share: values nothing changes after it is made
       case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
       case Tag::kGlobal: case Tag::kTuple: case Tag::kOther: case Tag::kSize: case Tag::kProps:
@@ -270,8 +338,9 @@ class DirectReader {
       default: decline();
     }
     if (t.tag == Tag::kStr) t.x = 1;  // may be shared: tree() makes one node of it
-    memo_[*slot] = t;
-    memo_set_[*slot] = true;
+    const std::size_t slot = *memo_slot(index);
+    memo_[slot] = t;
+    memo_set_[slot] = true;
     pinned_ = std::max(pinned_, t.end);
   }
   void first_put() {
@@ -543,11 +612,11 @@ class DirectReader {
   // kept in their dict. A dict gets one kind or the other, never both, never kept pairs besides.
   void set_items(std::size_t from) {
     if ((stack_.size() - from) % 2 != 0 || from == 0 || from <= fence()) decline();
-    Tok& d = stack_[from - 1].t;
+    Tok& d = stack_[from - 1];
     if (d.tag != Tag::kDict) decline();
     if (from == stack_.size()) return extend(from);
-    const Tok& k0 = stack_[from].t;
-    const bool entries = k0.tag == Tag::kStr && (stack_[from + 1].t.tag == Tag::kTensor || stack_[from + 1].t.tag == Tag::kObject);
+    const Tok& k0 = stack_[from];
+    const bool entries = k0.tag == Tag::kStr && (stack_[from + 1].tag == Tag::kTensor || stack_[from + 1].tag == Tag::kObject);
     const bool storage = k0.tag == Tag::kIndex;
     if (!entries && !storage) {
       if (d.x == kPaths) return take_paths(from);
@@ -574,8 +643,8 @@ class DirectReader {
     if (owner == 0) owner = d.b;
     if (owner != d.b) decline();
     for (std::size_t k = from; k < stack_.size(); k += 2) {
-      const Tok& key = stack_[k].t;
-      const Tok& value = stack_[k + 1].t;
+      const Tok& key = stack_[k];
+      const Tok& value = stack_[k + 1];
       if (entries) {
         if (key.tag != Tag::kStr) decline();
         if (value.tag == Tag::kTensor) {
@@ -601,7 +670,7 @@ class DirectReader {
         b_.add_storage(view(key), tensor, tensor ? dims_value(key.b, key.x) : Dims{}, std::move(loc), 0);
       }
     }
-    stack_.resize(from);
+    shrink(from);
     if (tensors_live_ == 0) tensors_.clear();
     collect();
   }
@@ -622,15 +691,15 @@ class DirectReader {
   }
   void take_paths(std::size_t from) {
     for (std::size_t k = from; k < stack_.size(); k += 2) {
-      const Tok& key = stack_[k].t;
-      const Tok& value = stack_[k + 1].t;
+      const Tok& key = stack_[k];
+      const Tok& value = stack_[k + 1];
       if (key.tag != Tag::kStr || !seq(value)) decline();
       for (std::size_t j = 0; j < value.n; ++j) {
         if (item(value, j).tag != Tag::kStr && item(value, j).tag != Tag::kInt) decline();
       }
       paths_.emplace_back(std::string(view(key)), tree(value, 0));
     }
-    stack_.resize(from);
+    shrink(from);
     collect();
   }
 
@@ -734,14 +803,14 @@ class DirectReader {
       case op::kEmptyList: emplace(Tag::kList); return i;
       case op::kEmptyDict: emplace(Tag::kDict).b = ++dicts_; return i;
       case op::kAppend: {
-        if (stack_.size() < fence() + 2 || stack_[stack_.size() - 2].t.tag != Tag::kList) decline();
+        if (stack_.size() < fence() + 2 || stack_[stack_.size() - 2].tag != Tag::kList) decline();
         extend(stack_.size() - 1);
         collect();
         return i;
       }
       case op::kAppends: {
         const std::size_t from = pop_mark();
-        if (from == 0 || stack_[from - 1].t.tag != Tag::kList) decline();
+        if (from == 0 || stack_[from - 1].tag != Tag::kList) decline();
         extend(from);
         collect();
         return i;
@@ -841,9 +910,9 @@ class DirectReader {
   const std::function<void(std::uint64_t)>& release_;
   Checkpoint& c_;
   DcpIndexBuilder b_;
-  std::vector<Slot> stack_;
+  TokStack stack_;
   std::vector<std::size_t> marks_;
-  std::vector<Tok> arena_;
+  TokArena arena_;
   std::uint32_t pinned_ = 0;  ///< the arena the memo's tokens need
   const std::vector<std::uint64_t>* words_ = nullptr;
   std::vector<std::uint32_t> rank_;  ///< per word of the referenced bitmap: referenced indices before it
