@@ -40,7 +40,7 @@ struct Decline {};
 
 enum class Tag : std::uint8_t {
   kNone, kBool, kInt, kFloat,
-  kStr,  // a = where its bytes are, n = how many; x = 1 once the memo holds it (a GET may share it)
+  kStr,  // a = where its bytes are, n = how many; x = 1 once the memo holds it (a GET may share it), b = its slot
   kBytes, kGlobal,
   kTuple, kList, kDict,  // a = first token in the arena, n = tokens (a dict's are key, value, ...);
                          // a dict's b = its number, x = what its pairs went to (1 entries, 2 storage)
@@ -337,8 +337,11 @@ class DirectReader {
         break;
       default: decline();
     }
-    if (t.tag == Tag::kStr) t.x = 1;  // may be shared: tree() makes one node of it
     const std::size_t slot = *memo_slot(index);
+    if (t.tag == Tag::kStr && t.x == 0) {  // may be shared: tree() makes one node of it, by b
+      t.x = 1;
+      t.b = slot;
+    }
     memo_[slot] = t;
     memo_set_[slot] = true;
     pinned_ = std::max(pinned_, t.end);
@@ -628,7 +631,7 @@ class DirectReader {
         if (paths_dict_ != 0) decline();
         paths_dict_ = d.b;
         d.x = kPaths;
-        for (std::size_t k = 0; k < d.n; k += 2) paths_.emplace_back(std::string(view(item(d, k))), tree(item(d, k + 1), 0));
+        for (std::size_t k = 0; k < d.n; k += 2) paths_.insert_or_assign(std::string(view(item(d, k))), tree(item(d, k + 1), 0));
         d.n = 0;
         d.end = 0;
         retop();
@@ -697,7 +700,7 @@ class DirectReader {
       for (std::size_t j = 0; j < value.n; ++j) {
         if (item(value, j).tag != Tag::kStr && item(value, j).tag != Tag::kInt) decline();
       }
-      paths_.emplace_back(std::string(view(key)), tree(value, 0));
+      paths_.insert_or_assign(std::string(view(key)), tree(value, 0));
     }
     shrink(from);
     collect();
@@ -732,8 +735,7 @@ class DirectReader {
       if (pd->tag != Tag::kDict) decline();
       if (pd->x == kPaths) {
         if (pd->b != paths_dict_) decline();
-        for (auto& [key, value] : paths_) c_.planner_data.insert_or_assign(std::move(key), std::move(value));
-        paths_ = {};
+        c_.planner_data = std::move(paths_);  // the last pair of a key counts, as in the tree reader
       }
       for (std::size_t k = 0; k < pd->n; k += 2) {
         const Tok& key = item(*pd, k);
@@ -754,7 +756,8 @@ class DirectReader {
       case Tag::kInt: return pickle::make_int(static_cast<std::int64_t>(t.a));
       case Tag::kStr: {
         if (t.x == 0) return pickle::make_str(std::string(view(t)));
-        pickle::ValuePtr& v = shared_[{t.tag, t.a}];
+        if (shared_strs_.empty()) shared_strs_.resize(memo_.size());
+        pickle::ValuePtr& v = shared_strs_[t.b];
         if (!v) v = pickle::make_str(std::string(view(t)));
         return v;
       }
@@ -763,7 +766,7 @@ class DirectReader {
         pickle::ValuePtr* cached = nullptr;
         // Only a GET shares a tuple, and the memo pins what it holds: its place is its own for good.
         if (t.tag == Tag::kTuple && t.n != 0 && t.end <= pinned_) {
-          cached = &shared_[{t.tag, t.a}];
+          cached = &shared_tuples_[t.a];
           if (*cached) return *cached;
         }
         std::vector<pickle::ValuePtr> items;
@@ -931,8 +934,9 @@ class DirectReader {
   bool root_done_ = false;
   std::uint64_t relocated_ = 0;  ///< tokens extend() has copied
   std::uint64_t paths_dict_ = 0;  ///< the dict (by number) whose pairs are in paths_
-  std::vector<std::pair<std::string, pickle::ValuePtr>> paths_;
-  std::map<std::pair<Tag, std::uint64_t>, pickle::ValuePtr> shared_;
+  std::map<std::string, pickle::ValuePtr> paths_;  ///< becomes Checkpoint::planner_data
+  std::vector<pickle::ValuePtr> shared_strs_;              ///< tree(): by memo slot (Tok::b)
+  std::map<std::uint64_t, pickle::ValuePtr> shared_tuples_;  ///< tree(): by place in the arena
   mutable struct {
     Name chunks{"chunks"};
     Name dtype{"dtype"};
