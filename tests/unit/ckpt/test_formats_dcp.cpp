@@ -365,6 +365,28 @@ TEST_CASE("the direct .metadata reader reads what the tree reader reads, or decl
     CHECK_FALSE(c.planner_data.empty());
     CHECK(c.find_tensor("model.w")->chunks[1].location.has_value());
   }
+  SECTION("many entries: planner_data made into trees as it comes, a chunk list in two batches") {
+    TestDir dir;
+    std::vector<ckpt::DcpWriteTensor> t;
+    auto four_bytes = [] { return ckpt::memory_source(std::vector<std::byte>(4)); };
+    for (int i = 0; i < 1500; ++i) {
+      t.push_back({"model.layers." + std::to_string(i) + ".w", DType::kFloat32, {1}, {{i % 2, {0}, {1}, four_bytes()}}, false});
+    }
+    // 1,200 one-element chunks: CPython's pickler appends them 1,000 at a time.
+    ckpt::DcpWriteTensor big{"model.big", DType::kFloat32, {1200}, {}, false};
+    for (int k = 0; k < 1200; ++k) big.chunks.push_back({k % 2, {k}, {1}, four_bytes()});
+    t.push_back(std::move(big));
+    ckpt::DcpWriteOptions opts;
+    opts.world_size = 2;
+    opts.planner_data["model.layers.7.w"] = {pk::make_str("model"), pk::make_str("layers"), pk::make_int(7), pk::make_str("w")};
+    ckpt::write_dcp(dir.path(), t, {}, opts);
+    CHECK(direct_reader_agrees(dir.path()));
+    const auto c = ckpt::open_dcp(dir.path());
+    CHECK(c.planner_data.size() == 1501);
+    CHECK(pk::repr(*c.planner_data.at("model.layers.7.w")) == "('model', 'layers', 7, 'w')");
+    CHECK(c.find_tensor("model.big")->chunks.size() == 1200);
+    CHECK(c.find_tensor("model.big")->chunks[1199].location.has_value());
+  }
   SECTION("what torch 1.13 wrote") {
     CHECK(direct_reader_agrees(testdata("dcp/torch113_2rank")));
     CHECK(direct_reader_agrees(testdata("dcp/torch113_4rank")));
