@@ -19,6 +19,7 @@
 // file, only to decline it. What it accepts it must read exactly as the tree reader does: tests
 // and the .metadata fuzz target compare the two indexes (detail::index_difference).
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 
@@ -53,6 +54,7 @@ enum class Tag : std::uint8_t {
   kIndex,   // MetadataIndex: a, n = fqn's bytes; b = offsets in the arena, x = rank or kNoOffsets
   kInfo,    // _StorageInfo: n = its file's index; a = offset; b = length; x = transforms + 1
   kRoot,    // the Metadata object, read
+  kUnset,   // a memo slot no PUT has set yet
 };
 
 struct Tok {
@@ -152,23 +154,21 @@ class DirectReader {
     rank_.resize(words.size() + 1);
     for (std::size_t w = 0; w < words.size(); ++w) rank_[w + 1] = rank_[w] + static_cast<std::uint32_t>(ones(words[w]));
     words_ = &words;
-    memo_.resize(rank_.back());
-    memo_set_.assign(rank_.back(), false);
+    memo_.assign(rank_.back(), Tok{Tag::kUnset});
     if (n_ == 0) decline();
     std::size_t i = 0;
-    std::size_t next_release = kReleaseEvery;
     while (true) {
-      if (i >= next_release) {
-        if (release_) release_(i);
-        next_release = i + kReleaseEvery;
+      // The pages behind are given back every kReleaseEvery bytes (read_dcp_metadata's release).
+      for (const std::size_t limit = std::min(n_, i + kReleaseEvery); i < limit;) {
+        const std::uint8_t code = p0_[i++];
+        if (code == op::kStop) [[unlikely]] {
+          if (i != n_ || stack_.empty() || stack_.back().tag != Tag::kRoot) decline();
+          return;
+        }
+        i = step(code, i);
       }
       if (i >= n_) decline();  // no STOP
-      const std::uint8_t code = p0_[i++];
-      if (code == op::kStop) {
-        if (i != n_ || stack_.empty() || stack_.back().tag != Tag::kRoot) decline();
-        return;
-      }
-      i = step(code, i);
+      if (release_) release_(i);
     }
   }
 
@@ -176,11 +176,6 @@ class DirectReader {
   static constexpr std::size_t kReleaseEvery = std::size_t{1} << 20;
 
   // --- operands ---
-  std::uint64_t le(std::size_t at, int width) const {
-    std::uint64_t v = 0;
-    for (int k = width - 1; k >= 0; --k) v = (v << 8) | p0_[at + static_cast<std::size_t>(k)];
-    return v;
-  }
   void need(std::size_t i, std::uint64_t bytes) const {
     if (bytes > n_ - i) decline();
   }
@@ -343,7 +338,6 @@ class DirectReader {
       t.b = slot;
     }
     memo_[slot] = t;
-    memo_set_[slot] = true;
     pinned_ = std::max(pinned_, t.end);
   }
   void first_put() {
@@ -351,10 +345,15 @@ class DirectReader {
     for (std::uint64_t k = 0; k < memo_count_; ++k) set_.insert(k);
     puts_ = true;
   }
-  void memo_get(std::uint64_t index) {
-    const auto slot = memo_slot(index);
-    if (!slot || !memo_set_[*slot]) decline();
-    push(memo_[*slot]);
+  [[gnu::always_inline]] void memo_get(std::uint64_t index) {
+    const std::size_t w = static_cast<std::size_t>(index >> 6);
+    if (w >= words_->size()) decline();
+    const std::uint64_t word = (*words_)[w];
+    const std::uint64_t bit = std::uint64_t{1} << (index & 63);
+    if (!(word & bit)) decline();
+    const Tok& t = memo_[rank_[w] + ones(word & (bit - 1))];
+    if (t.tag == Tag::kUnset) decline();
+    push(t);
   }
 
   // --- globals and objects ---
@@ -780,95 +779,123 @@ class DirectReader {
     }
   }
 
-  std::size_t step(std::uint8_t code, std::size_t i) {
-    switch (code) {
-      case op::kProto:
-        need(i, 1);
-        if (p0_[i] > 5) decline();
+  // What step() does with each opcode byte, as a dense number: a switch on it is one jump table
+  // (a switch on the opcode bytes themselves compiled to a chain of compares).
+  enum Do : std::uint8_t {
+    kRefuse, kStopOp, kProtoOp, kFrameOp, kMarkOp, kEmptyTupleOp, kTuple1Op, kTuple2Op, kTuple3Op, kTupleOp, kEmptyListOp,
+    kEmptyDictOp, kAppendOp, kAppendsOp, kSetItemOp, kSetItemsOp, kNoneOp, kTrueOp, kFalseOp, kInt1Op, kInt2Op, kInt4Op,
+    kLong1Op, kLong4Op, kFloatOp, kStr1Op, kStr4Op, kStr8Op, kBytes1Op, kBytes4Op, kBytes8Op, kGlobalOp, kStackGlobalOp,
+    kReduceOp, kNewObjOp, kBuildOp, kPut1Op, kPut4Op, kMemoizeOp, kGet1Op, kGet4Op,
+  };
+  static constexpr std::array<std::uint8_t, 256> kDo = [] {
+    std::array<std::uint8_t, 256> t{};  // kRefuse: every other opcode is the tree reader's to accept or refuse
+    t[op::kStop] = kStopOp, t[op::kProto] = kProtoOp, t[op::kFrame] = kFrameOp, t[op::kMark] = kMarkOp;
+    t[op::kEmptyTuple] = kEmptyTupleOp, t[op::kTuple1] = kTuple1Op, t[op::kTuple2] = kTuple2Op, t[op::kTuple3] = kTuple3Op;
+    t[op::kTuple] = kTupleOp, t[op::kEmptyList] = kEmptyListOp, t[op::kEmptyDict] = kEmptyDictOp, t[op::kAppend] = kAppendOp;
+    t[op::kAppends] = kAppendsOp, t[op::kSetItem] = kSetItemOp, t[op::kSetItems] = kSetItemsOp, t[op::kNone] = kNoneOp;
+    t[op::kNewTrue] = kTrueOp, t[op::kNewFalse] = kFalseOp, t[op::kBinInt1] = kInt1Op, t[op::kBinInt2] = kInt2Op;
+    t[op::kBinInt] = kInt4Op, t[op::kLong1] = kLong1Op, t[op::kLong4] = kLong4Op, t[op::kBinFloat] = kFloatOp;
+    t[op::kShortBinUnicode] = kStr1Op, t[op::kShortBinString] = kStr1Op, t[op::kBinUnicode] = kStr4Op, t[op::kBinUnicode8] = kStr8Op;
+    t[op::kShortBinBytes] = kBytes1Op, t[op::kBinBytes] = kBytes4Op, t[op::kBinBytes8] = kBytes8Op, t[op::kGlobal] = kGlobalOp;
+    t[op::kStackGlobal] = kStackGlobalOp, t[op::kReduce] = kReduceOp, t[op::kNewObj] = kNewObjOp, t[op::kBuild] = kBuildOp;
+    t[op::kBinPut] = kPut1Op, t[op::kLongBinPut] = kPut4Op, t[op::kMemoize] = kMemoizeOp, t[op::kBinGet] = kGet1Op;
+    t[op::kLongBinGet] = kGet4Op;
+    return t;
+  }();
+
+  template <int kWidth>
+  std::uint64_t operand(std::size_t at) const {
+    need(at, kWidth);
+    std::uint64_t v = 0;
+    for (int k = kWidth - 1; k >= 0; --k) v = (v << 8) | p0_[at + static_cast<std::size_t>(k)];
+    return v;
+  }
+  // A str or bytes opcode with a kWidth-byte length: where its bytes end.
+  template <int kWidth>
+  std::size_t text(std::size_t i, bool str) {
+    const std::uint64_t len = operand<kWidth>(i);
+    i += kWidth;
+    need(i, len);
+    if (str) {
+      push_str(i, len);  // SHORT_BINSTRING bytes that are not UTF-8 become latin-1 text in the tree reader: declined
+    } else {
+      emplace(Tag::kBytes).a = i;
+    }
+    return i + static_cast<std::size_t>(len);
+  }
+  template <int kWidth>
+  std::size_t long_int(std::size_t i) {
+    const std::uint64_t len = operand<kWidth>(i);
+    i += kWidth;
+    if (len > 0x7fffffffu) decline();
+    need(i, len);
+    const pickle::Int v = pickle::decode_long(std::span(reinterpret_cast<const std::byte*>(p0_ + i), len));
+    if (!v.fits_int64()) decline();
+    emplace(Tag::kInt).a = static_cast<std::uint64_t>(v.value);
+    return i + static_cast<std::size_t>(len);
+  }
+  std::size_t tuple_of(std::size_t k, std::size_t i) {
+    if (stack_.size() < fence() + k) decline();
+    push(make_tuple(stack_.size() - k));
+    return i;
+  }
+
+  // Runs the opcode at i - 1 (its operands from i); returns where the next one is.
+  [[gnu::always_inline]] std::size_t step(std::uint8_t code, std::size_t i) {
+    switch (kDo[code]) {
+      case kProtoOp:
+        if (operand<1>(i) > 5) decline();
         return i + 1;
-      case op::kFrame:
-        need(i, 8);
-        need(i + 8, le(i, 8));
+      case kFrameOp:
+        need(i + 8, operand<8>(i));
         return i + 8;
-      case op::kMark: marks_.push_back(stack_.size()); return i;
-      case op::kEmptyTuple: emplace(Tag::kTuple); return i;
-      case op::kTuple1: case op::kTuple2: case op::kTuple3: {
-        const std::size_t k = code == op::kTuple1 ? 1 : code == op::kTuple2 ? 2 : 3;
-        if (stack_.size() < fence() + k) decline();
-        push(make_tuple(stack_.size() - k));
-        return i;
-      }
-      case op::kTuple: {
+      case kMarkOp: marks_.push_back(stack_.size()); return i;
+      case kEmptyTupleOp: emplace(Tag::kTuple); return i;
+      case kTuple1Op: return tuple_of(1, i);
+      case kTuple2Op: return tuple_of(2, i);
+      case kTuple3Op: return tuple_of(3, i);
+      case kTupleOp: {
         const std::size_t from = pop_mark();
         push(make_tuple(from));
         return i;
       }
-      case op::kEmptyList: emplace(Tag::kList); return i;
-      case op::kEmptyDict: emplace(Tag::kDict).b = ++dicts_; return i;
-      case op::kAppend: {
+      case kEmptyListOp: emplace(Tag::kList); return i;
+      case kEmptyDictOp: emplace(Tag::kDict).b = ++dicts_; return i;
+      case kAppendOp:
         if (stack_.size() < fence() + 2 || stack_[stack_.size() - 2].tag != Tag::kList) decline();
         extend(stack_.size() - 1);
         collect();
         return i;
-      }
-      case op::kAppends: {
+      case kAppendsOp: {
         const std::size_t from = pop_mark();
         if (from == 0 || stack_[from - 1].tag != Tag::kList) decline();
         extend(from);
         collect();
         return i;
       }
-      case op::kSetItem:
+      case kSetItemOp:
         if (stack_.size() < fence() + 3) decline();
         set_items(stack_.size() - 2);
         return i;
-      case op::kSetItems: set_items(pop_mark()); return i;
-      case op::kNone: emplace(Tag::kNone); return i;
-      case op::kNewTrue: case op::kNewFalse: emplace(Tag::kBool).a = code == op::kNewTrue; return i;
-      case op::kBinInt1: case op::kBinInt2: case op::kBinInt: {
-        const int w = code == op::kBinInt1 ? 1 : code == op::kBinInt2 ? 2 : 4;
-        need(i, static_cast<std::uint64_t>(w));
-        const std::uint64_t v = le(i, w);
-        emplace(Tag::kInt).a = code == op::kBinInt ? static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(v))) : v;
-        return i + static_cast<std::size_t>(w);
-      }
-      case op::kLong1: case op::kLong4: {
-        const int w = code == op::kLong1 ? 1 : 4;
-        need(i, static_cast<std::uint64_t>(w));
-        const std::uint64_t len = le(i, w);
-        i += static_cast<std::size_t>(w);
-        if (len > 0x7fffffffu) decline();
-        need(i, len);
-        const pickle::Int v = pickle::decode_long(std::span(reinterpret_cast<const std::byte*>(p0_ + i), len));
-        if (!v.fits_int64()) decline();
-        emplace(Tag::kInt).a = static_cast<std::uint64_t>(v.value);
-        return i + len;
-      }
-      case op::kBinFloat: {
-        need(i, 8);
-        emplace(Tag::kFloat).a = le(i, 8);
-        return i + 8;
-      }
-      case op::kShortBinUnicode: case op::kShortBinString: case op::kBinUnicode: case op::kBinUnicode8: {
-        const int w = code == op::kBinUnicode8 ? 8 : code == op::kBinUnicode ? 4 : 1;
-        need(i, static_cast<std::uint64_t>(w));
-        const std::uint64_t len = le(i, w);
-        i += static_cast<std::size_t>(w);
-        need(i, len);
-        // SHORT_BINSTRING bytes that are not UTF-8 become latin-1 text in the tree reader: declined.
-        push_str(i, len);
-        return i + len;
-      }
-      case op::kShortBinBytes: case op::kBinBytes: case op::kBinBytes8: {
-        const int w = code == op::kBinBytes8 ? 8 : code == op::kBinBytes ? 4 : 1;
-        need(i, static_cast<std::uint64_t>(w));
-        const std::uint64_t len = le(i, w);
-        i += static_cast<std::size_t>(w);
-        need(i, len);
-        emplace(Tag::kBytes).a = i;
-        return i + len;
-      }
-      case op::kGlobal: {
+      case kSetItemsOp: set_items(pop_mark()); return i;
+      case kNoneOp: emplace(Tag::kNone); return i;
+      case kTrueOp: emplace(Tag::kBool).a = 1; return i;
+      case kFalseOp: emplace(Tag::kBool).a = 0; return i;
+      case kInt1Op: emplace(Tag::kInt).a = operand<1>(i); return i + 1;
+      case kInt2Op: emplace(Tag::kInt).a = operand<2>(i); return i + 2;
+      case kInt4Op:
+        emplace(Tag::kInt).a = static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(operand<4>(i))));
+        return i + 4;
+      case kLong1Op: return long_int<1>(i);
+      case kLong4Op: return long_int<4>(i);
+      case kFloatOp: emplace(Tag::kFloat).a = operand<8>(i); return i + 8;
+      case kStr1Op: return text<1>(i, true);
+      case kStr4Op: return text<4>(i, true);
+      case kStr8Op: return text<8>(i, true);
+      case kBytes1Op: return text<1>(i, false);
+      case kBytes4Op: return text<4>(i, false);
+      case kBytes8Op: return text<8>(i, false);
+      case kGlobalOp: {
         std::string lines[2];
         for (auto& line : lines) {
           const auto* nl = static_cast<const std::uint8_t*>(std::memchr(p0_ + i, '\n', n_ - i));
@@ -880,31 +907,28 @@ class DirectReader {
         push(global(std::move(lines[0]), std::move(lines[1])));
         return i;
       }
-      case op::kStackGlobal: {
+      case kStackGlobalOp: {
         const Tok name = pop();
         const Tok module = pop();
         if (module.tag != Tag::kStr || name.tag != Tag::kStr) decline();
         push(global(std::string(view(module)), std::string(view(name))));
         return i;
       }
-      case op::kReduce: reduce(); return i;
-      case op::kNewObj: newobj(); return i;
-      case op::kBuild: build(); return i;
-      case op::kBinPut: case op::kLongBinPut: {
-        const int w = code == op::kBinPut ? 1 : 4;
-        need(i, static_cast<std::uint64_t>(w));
+      case kReduceOp: reduce(); return i;
+      case kNewObjOp: newobj(); return i;
+      case kBuildOp: build(); return i;
+      case kPut1Op:
         first_put();
-        memo_put(le(i, w));
-        return i + static_cast<std::size_t>(w);
-      }
-      case op::kMemoize: memo_put(memo_count_); return i;
-      case op::kBinGet: case op::kLongBinGet: {
-        const int w = code == op::kBinGet ? 1 : 4;
-        need(i, static_cast<std::uint64_t>(w));
-        memo_get(le(i, w));
-        return i + static_cast<std::size_t>(w);
-      }
-      default: decline();  // every other opcode is the tree reader's to accept or refuse
+        memo_put(operand<1>(i));
+        return i + 1;
+      case kPut4Op:
+        first_put();
+        memo_put(operand<4>(i));
+        return i + 4;
+      case kMemoizeOp: memo_put(memo_count_); return i;
+      case kGet1Op: memo_get(operand<1>(i)); return i + 1;
+      case kGet4Op: memo_get(operand<4>(i)); return i + 4;
+      default: decline();  // kRefuse; STOP is run()'s
     }
   }
 
@@ -920,7 +944,6 @@ class DirectReader {
   const std::vector<std::uint64_t>* words_ = nullptr;
   std::vector<std::uint32_t> rank_;  ///< per word of the referenced bitmap: referenced indices before it
   std::vector<Tok> memo_;            ///< by memo_slot()
-  std::vector<bool> memo_set_;
   bool puts_ = false;                ///< a BINPUT/LONG_BINPUT was met: set_ numbers MEMOIZE
   pickle::IndexSet set_;
   std::uint64_t memo_count_ = 0;
