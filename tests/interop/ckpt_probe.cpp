@@ -12,6 +12,9 @@
 //                                         holding rows [r*ROWS, (r+1)*ROWS); the values are made as
 //                                         they are written (no tensor is ever in memory), for load tests
 //   ckpt_probe dump-checkpoint PATH       JSON: every tensor assembled from its chunks (hex, C order), every object's repr
+//   ckpt_probe readers DIR                DIR/.metadata through both readers (NOTE [The direct .metadata
+//                                         reader]): exit 0 when the direct one accepts it and builds the
+//                                         tree reader's index, 1 when they differ, 3 when it declines
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -25,6 +28,7 @@
 #include "ckpt/pickle.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
+#include "formats/dcp_metadata.hpp"
 #include "interop/sample.hpp"
 #include "ops/elements.hpp"
 
@@ -218,6 +222,26 @@ int write_load(const std::string& dir, int world, std::int64_t n, std::int64_t c
   return 0;
 }
 
+int readers(const std::filesystem::path& dir) {
+  const auto src = ckpt::open_mmap(dir / ".metadata");
+  const auto bytes = src->read_vector(0, src->size());
+  ckpt::Checkpoint direct;
+  direct.root = dir;
+  direct.format = ckpt::Format::kDcp;
+  ckpt::Checkpoint tree = direct;
+  if (!ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct)) {
+    std::cout << "direct reader declined " << dir.string() << "\n";
+    return 3;
+  }
+  ckpt::detail::read_dcp_metadata_tree(bytes, ".metadata", tree);
+  if (const std::string d = ckpt::detail::index_difference(direct, tree); !d.empty()) {
+    std::cout << "the readers differ on " << dir.string() << ": " << d << "\n";
+    return 1;
+  }
+  std::cout << "both readers: " << tree.tensors.size() << " tensors, " << tree.objects.size() << " objects, the same index\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -226,6 +250,7 @@ int main(int argc, char** argv) {
     if (cmd == "dump-torch" && argc == 3) return dump_torch(argv[2]);
     if (cmd == "dump-safetensors" && argc == 3) return dump_safetensors(argv[2]);
     if (cmd == "dump-checkpoint" && argc == 3) return dump_checkpoint(argv[2]);
+    if (cmd == "readers" && argc == 3) return readers(argv[2]);
     if (cmd == "write-dcp" && argc == 6) {
       fsdp_test::write_sample_dcp(argv[2], std::stoi(argv[3]), argv[4], argv[5]);
       return 0;

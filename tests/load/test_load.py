@@ -80,6 +80,8 @@ with tempfile.TemporaryDirectory(prefix="fsdp-load-") as work:
         entries = json.loads(out)["entries"]
         if len(entries) != n or any(len(e["chunks"]) != 2 for e in entries):
             failures.append(f"inspect --json: {len(entries)} entries, expected {n} of 2 chunks each")
+    # The direct .metadata reader (what every tool uses) against the tree reader, at this size.
+    run("both .metadata readers", [a.probe, "readers", many], bound)
     run("verify --deep", [a.inspect, "verify", "--deep", many], bound)
     st = os.path.join(work, "many.safetensors")
     run("merge -> safetensors", [a.merge, many, "-o", st], bound)
@@ -97,6 +99,7 @@ with tempfile.TemporaryDirectory(prefix="fsdp-load-") as work:
     three = os.path.join(work, "three")
     run("shard -> 3 ranks", [a.shard, many, "-o", three, "-n", "3"], bound)
     run("verify --deep (3 ranks)", [a.inspect, "verify", "--deep", three], bound)
+    run("both .metadata readers (3 ranks)", [a.probe, "readers", three], bound)
     equal("resharded", many, three, bound, n)
 
     chunks = 8 * a.chunk_tensors
@@ -106,6 +109,7 @@ with tempfile.TemporaryDirectory(prefix="fsdp-load-") as work:
     size = os.path.getsize(os.path.join(big, ".metadata"))
     print(f"  .metadata of {chunks} chunks: {size / MIB:.1f} MiB", flush=True)
     run(f"inspect ({chunks} chunks)", [a.inspect, big], cbound)
+    run(f"both .metadata readers ({chunks} chunks)", [a.probe, "readers", big], cbound)
     run(f"verify ({chunks} chunks)", [a.inspect, "verify", big], cbound)
 
 if failures:

@@ -30,6 +30,7 @@ p.add_argument("--train", required=True)
 p.add_argument("--merge", required=True)
 p.add_argument("--inspect", required=True)
 p.add_argument("--text", required=True)
+p.add_argument("--probe", help="ckpt_probe: also hold the direct .metadata reader to the tree reader's index")
 a = p.parse_args()
 torch = import_torch()
 sys.path.insert(0, os.path.dirname(__file__))
@@ -69,6 +70,11 @@ def verify_deep(path):
 def verified(path):
     v = verify_deep(path)
     assert v.returncode == 0, v.stdout + v.stderr
+    if a.probe and os.path.isfile(os.path.join(path, ".metadata")):
+        # What fsdp-train writes is read by the direct reader (NOTE [The direct .metadata reader]),
+        # into the very index the tree reader builds.
+        r = subprocess.run([a.probe, "readers", path], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def close(x, y, rel):
