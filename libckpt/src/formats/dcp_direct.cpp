@@ -44,7 +44,7 @@ enum class Tag : std::uint8_t {
   kStr,  // a = where its bytes are, n = how many; x = 1 once the memo holds it (a GET may share it), b = its slot
   kBytes, kGlobal,
   kTuple, kList, kDict,  // a = first token in the arena, n = tokens (a dict's are key, value, ...);
-                         // a dict's b = its number, x = what its pairs went to (1 entries, 2 storage)
+                         // a dict's b = its number, x = what its pairs went to (kKept, kEntries, ...)
   kObject,  // made by NEWOBJ, not (or, BytesStorageMetadata, already) built: kind its class, a its global
   kOther,   // a value whose content nothing reads (a layout, a memory format, a path, StorageMeta)
   kSize,    // torch.Size: a = its ints in the arena, n = how many
@@ -183,21 +183,10 @@ class DirectReader {
   void push_str(std::size_t at, std::uint64_t len) {
     if (len > 0xffffffffu) decline();
     std::string_view s(reinterpret_cast<const char*>(p0_ + at), len);
-    if (!ascii(s) && !pickle::valid_utf8(s)) decline();
+    if (!pickle::valid_utf8(s)) decline();
     Tok& t = emplace(Tag::kStr);
     t.a = at;
     t.n = static_cast<std::uint32_t>(len);
-  }
-  static bool ascii(std::string_view s) {
-    std::size_t i = 0;
-    std::uint64_t acc = 0;
-    for (; i + 8 <= s.size(); i += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, s.data() + i, 8);
-      acc |= w;
-    }
-    for (; i < s.size(); ++i) acc |= static_cast<unsigned char>(s[i]);
-    return (acc & 0x8080808080808080u) == 0;
   }
 
   // --- the stack ---
@@ -298,13 +287,15 @@ class DirectReader {
   }
 
   // --- the memo ---
-  // A referenced index's place in memo_: the referenced indices below it.
-  std::optional<std::size_t> memo_slot(std::uint64_t index) const {
+  // A referenced index's place in memo_ (the referenced indices below it), or kNoSlot when no
+  // GET wants that index.
+  static constexpr std::size_t kNoSlot = ~std::size_t{0};
+  [[gnu::always_inline]] std::size_t memo_slot(std::uint64_t index) const {
     const std::size_t w = static_cast<std::size_t>(index >> 6);
-    if (w >= words_->size()) return std::nullopt;
+    if (w >= words_->size()) return kNoSlot;
     const std::uint64_t word = (*words_)[w];
     const std::uint64_t bit = std::uint64_t{1} << (index & 63);
-    if (!(word & bit)) return std::nullopt;
+    if (!(word & bit)) return kNoSlot;
     return rank_[w] + ones(word & (bit - 1));
   }
   // std::popcount is a library call on baseline x86-64 (no POPCNT instruction assumed).
@@ -321,10 +312,9 @@ class DirectReader {
     } else {
       ++memo_count_;  // MEMOIZE only so far: index == memo_count_, new
     }
-    const std::size_t w = static_cast<std::size_t>(index >> 6);
-    if (w < words_->size() && ((*words_)[w] >> (index & 63) & 1)) keep(index);  // else no GET wants it
+    if (const std::size_t slot = memo_slot(index); slot != kNoSlot) keep(slot);
   }
-  [[gnu::noinline]] void keep(std::uint64_t index) {
+  [[gnu::noinline]] void keep(std::size_t slot) {
     Tok& t = stack_.back();
     switch (t.tag) {  // what a GET may share: values nothing changes after it is made
       case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
@@ -332,7 +322,6 @@ class DirectReader {
         break;
       default: decline();
     }
-    const std::size_t slot = *memo_slot(index);
     if (t.tag == Tag::kStr && t.x == 0) {  // may be shared: tree() makes one node of it, by b
       t.x = 1;
       t.b = slot;
@@ -346,14 +335,9 @@ class DirectReader {
     puts_ = true;
   }
   [[gnu::always_inline]] void memo_get(std::uint64_t index) {
-    const std::size_t w = static_cast<std::size_t>(index >> 6);
-    if (w >= words_->size()) decline();
-    const std::uint64_t word = (*words_)[w];
-    const std::uint64_t bit = std::uint64_t{1} << (index & 63);
-    if (!(word & bit)) decline();
-    const Tok& t = memo_[rank_[w] + ones(word & (bit - 1))];
-    if (t.tag == Tag::kUnset) decline();
-    push(t);
+    const std::size_t slot = memo_slot(index);
+    if (slot == kNoSlot || memo_[slot].tag == Tag::kUnset) decline();
+    push(memo_[slot]);
   }
 
   // --- globals and objects ---
@@ -429,10 +413,9 @@ class DirectReader {
     push(o);
   }
 
-  // The fields BUILD gave an object (a dict with str keys; the first of a name counts, as in the
-  // tree reader).
-  // Field names are nearly always one memoized str that every object GETs: a key at the offset
-  // where `name` matched last time is `name` without comparing bytes.
+  // The fields BUILD gave an object: a dict with str keys, where the first of a name counts, as in
+  // the tree reader. Field names are nearly always one memoized str that every object GETs: a key
+  // at the offset where `name` matched last time is `name` without comparing bytes.
   struct Name {
     std::string_view text;
     std::uint64_t at = 0;  ///< where a str with this text was last found (0: not yet)
@@ -622,7 +605,7 @@ class DirectReader {
     const bool storage = k0.tag == Tag::kIndex;
     if (!entries && !storage) {
       if (d.x == kPaths) return take_paths(from);
-      if (d.x != 0) decline();
+      if (d.x != kKept) decline();
       extend(from);
       // A big dict of key paths (planner_data: one per entry) is made into its trees as it comes,
       // instead of being moved to the arena's end whole at each batch.
@@ -640,8 +623,9 @@ class DirectReader {
     }
     if (d.n != 0) decline();
     std::uint64_t& owner = entries ? sdm_dict_ : storage_dict_;
-    if (d.x == 0) d.x = entries ? 1 : 2;
-    if (d.x != (entries ? 1u : 2u)) decline();
+    const std::uint32_t use = entries ? kEntries : kStorage;
+    if (d.x == kKept) d.x = use;
+    if (d.x != use) decline();
     if (owner == 0) owner = d.b;
     if (owner != d.b) decline();
     for (std::size_t k = from; k < stack_.size(); k += 2) {
@@ -677,29 +661,31 @@ class DirectReader {
     collect();
   }
 
-  static constexpr std::uint32_t kPaths = 3;     ///< a dict's x: its pairs are in paths_
+  // What a dict's pairs went to (Tok::x of a kDict).
+  static constexpr std::uint32_t kKept = 0;     ///< its own run in the arena
+  static constexpr std::uint32_t kEntries = 1;  ///< the builder, as state_dict_metadata
+  static constexpr std::uint32_t kStorage = 2;  ///< the builder, as storage_data
+  static constexpr std::uint32_t kPaths = 3;    ///< paths_, as planner_data
   static constexpr std::size_t kBatch = 1000;     ///< CPython's pickler adds items 1,000 at a time
+  // A planner_data pair: a str key and a path of strs and ints.
+  bool path_pair(const Tok& key, const Tok& value) const {
+    if (key.tag != Tag::kStr || !seq(value)) return false;
+    for (std::size_t j = 0; j < value.n; ++j) {
+      const Tag t = item(value, j).tag;
+      if (t != Tag::kStr && t != Tag::kInt) return false;
+    }
+    return true;
+  }
   bool path_like(std::uint64_t at, std::size_t n) const {
     for (std::size_t k = 0; k < n; k += 2) {
-      const Tok& key = arena_[at + k];
-      const Tok& value = arena_[at + k + 1];
-      if (key.tag != Tag::kStr || !seq(value)) return false;
-      for (std::size_t j = 0; j < value.n; ++j) {
-        const Tag t = item(value, j).tag;
-        if (t != Tag::kStr && t != Tag::kInt) return false;
-      }
+      if (!path_pair(arena_[at + k], arena_[at + k + 1])) return false;
     }
     return true;
   }
   void take_paths(std::size_t from) {
     for (std::size_t k = from; k < stack_.size(); k += 2) {
-      const Tok& key = stack_[k];
-      const Tok& value = stack_[k + 1];
-      if (key.tag != Tag::kStr || !seq(value)) decline();
-      for (std::size_t j = 0; j < value.n; ++j) {
-        if (item(value, j).tag != Tag::kStr && item(value, j).tag != Tag::kInt) decline();
-      }
-      paths_.insert_or_assign(std::string(view(key)), tree(value, 0));
+      if (!path_pair(stack_[k], stack_[k + 1])) decline();
+      paths_.insert_or_assign(std::string(view(stack_[k])), tree(stack_[k + 1], 0));
     }
     shrink(from);
     collect();
@@ -725,9 +711,9 @@ class DirectReader {
     // Both read whole, each from the dict its pairs came from (an empty dict gave none).
     // A dict whose pairs went elsewhere (paths_, the other builder call) is not whole.
     auto whole = [](const Tok& d, std::uint64_t owner, std::uint32_t kind) {
-      return d.tag == Tag::kDict && d.n == 0 && ((owner == 0 && d.x == 0) || (owner == d.b && d.x == kind));
+      return d.tag == Tag::kDict && d.n == 0 && ((owner == 0 && d.x == kKept) || (owner == d.b && d.x == kind));
     };
-    if (!whole(sdm, sdm_dict_, 1) || !whole(sd, storage_dict_, 2)) decline();
+    if (!whole(sdm, sdm_dict_, kEntries) || !whole(sd, storage_dict_, kStorage)) decline();
     if (infos_ != 0) decline();  // a _StorageInfo outside storage_data numbered a file
     b_.finish();
     if (const Tok* pd = field(state, names_.planner_data); pd && pd->tag != Tag::kNone) {

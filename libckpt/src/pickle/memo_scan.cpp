@@ -3,15 +3,25 @@
 
 #include <algorithm>
 #include <array>
-#include <functional>
+#include <cstring>
 
 #include "pickle/opcodes.hpp"
 
 namespace ckpt::pickle {
 
 bool valid_utf8(std::string_view s) {
-  // CPython decodes with "surrogatepass", so encoded surrogates (ED A0..BF xx) are accepted.
+  // Nearly every str in a checkpoint is ASCII: eight bytes at a time first.
+  std::uint64_t high = 0;
   std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    high |= w & 0x8080808080808080u;
+  }
+  for (std::size_t k = i; k < s.size(); ++k) high |= static_cast<unsigned char>(s[k]) & 0x80u;
+  if (high == 0) return true;
+  // CPython decodes with "surrogatepass", so encoded surrogates (ED A0..BF xx) are accepted.
+  i = 0;
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   while (i < s.size()) {
     unsigned char c = p[i];
@@ -105,17 +115,11 @@ std::uint64_t load_le(const std::uint8_t* p) {
 
 }  // namespace
 
-namespace {
-
-// The walk over the opcodes that start in [from, to), calling `scanned(from, done)` every `every`
-// bytes with the part walked.
-IndexSet walk_range(std::span<const std::byte> bytes, std::size_t from, std::size_t to,
-                    const std::function<void(std::uint64_t, std::uint64_t)>& scanned, std::uint64_t every) {
+IndexSet referenced_memo(std::span<const std::byte> bytes, const ParseOptions& options) {
   IndexSet out;
   const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data());
   const std::size_t n = bytes.size();
-  to = std::min(to, n);
-  std::size_t i = from;
+  std::size_t i = 0;
   // A pickle that stops making sense ends the walk there: a real pass fails at that opcode.
   // Operands that run past the end end it too (i passes n).
   auto walk = [&](std::size_t limit) -> bool {  // false: the walk is over
@@ -158,22 +162,14 @@ IndexSet walk_range(std::span<const std::byte> bytes, std::size_t from, std::siz
         default: return false;  // STOP, or an opcode the unpickler refuses
       }
     }
-    return i < to;
+    return i < n;
   };
-  if (!scanned) {
-    walk(to);
+  if (!options.on_scanned) {
+    walk(n);
     return out;
   }
-  while (walk(std::min<std::uint64_t>(to, i + every))) scanned(from, i);
+  while (walk(std::min<std::uint64_t>(n, i + options.progress_every))) options.on_scanned(i);
   return out;
-}
-
-}  // namespace
-
-IndexSet referenced_memo(std::span<const std::byte> bytes, const ParseOptions& options) {
-  std::function<void(std::uint64_t, std::uint64_t)> scanned;
-  if (options.on_scanned) scanned = [&](std::uint64_t, std::uint64_t done) { options.on_scanned(done); };
-  return walk_range(bytes, 0, bytes.size(), scanned, options.progress_every);
 }
 
 }  // namespace ckpt::pickle
