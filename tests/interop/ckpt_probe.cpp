@@ -229,7 +229,8 @@ int readers(const std::filesystem::path& dir) {
   direct.root = dir;
   direct.format = ckpt::Format::kDcp;
   ckpt::Checkpoint tree = direct;
-  if (!ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct)) {
+  ckpt::detail::DirectReadStats stats;
+  if (!ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct, {}, &stats)) {
     std::cout << "direct reader declined " << dir.string() << "\n";
     return 3;
   }
@@ -238,7 +239,9 @@ int readers(const std::filesystem::path& dir) {
     std::cout << "the readers differ on " << dir.string() << ": " << d << "\n";
     return 1;
   }
-  std::cout << "both readers: " << tree.tensors.size() << " tensors, " << tree.objects.size() << " objects, the same index\n";
+  std::cout << "both readers: " << tree.tensors.size() << " tensors, " << tree.objects.size() << " objects, the same index ("
+            << stats.chunks_at_a_glance << " chunks read at a glance, " << stats.chunks_by_opcode << " by opcode; "
+            << stats.objects_at_a_glance << " storage objects at a glance)\n";
   return 0;
 }
 

@@ -127,6 +127,17 @@ class TokArena {
     std::copy(first, last, toks_.data() + size_);
     size_ += n;
   }
+  /// Appends n int tokens.
+  void append_ints(const std::int64_t* v, std::size_t n) {
+    reserve(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      Tok& t = toks_[size_ + k];
+      t = Tok{};
+      t.tag = Tag::kInt;
+      t.a = static_cast<std::uint64_t>(v[k]);
+    }
+    size_ += n;
+  }
   /// Appends a copy of its own tokens [from, from + n).
   void append_own(std::size_t from, std::size_t n) {
     reserve(n);
@@ -147,6 +158,8 @@ class DirectReader {
   DirectReader(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c,
                const std::function<void(std::uint64_t)>& release)
       : p0_(reinterpret_cast<const std::uint8_t*>(bytes.data())), n_(bytes.size()), release_(release), c_(c), b_(source, c) {}
+
+  const DirectReadStats& stats() const noexcept { return stats_; }
 
   void run(const pickle::IndexSet& referenced) {
     if (referenced.has_sparse()) decline();
@@ -334,10 +347,18 @@ class DirectReader {
     for (std::uint64_t k = 0; k < memo_count_; ++k) set_.insert(k);
     puts_ = true;
   }
-  [[gnu::always_inline]] void memo_get(std::uint64_t index) {
+  // A GET whose operands end at `next`: where the next opcode is.
+  [[gnu::always_inline]] std::size_t memo_get(std::uint64_t index, std::size_t next) {
     const std::size_t slot = memo_slot(index);
     if (slot == kNoSlot || memo_[slot].tag == Tag::kUnset) decline();
-    push(memo_[slot]);
+    const Tok& t = memo_[slot];
+    if (t.tag == Tag::kGlobal && t.kind == GlobalKind::kDcpChunkStorageMetadata) [[unlikely]] {
+      if (const std::size_t end = chunk_at(next)) return end;
+    } else if (t.tag == Tag::kGlobal && (t.kind == GlobalKind::kDcpMetadataIndex || t.kind == GlobalKind::kDcpStorageInfo)) [[unlikely]] {
+      if (const std::size_t end = object_at(next, t)) return end;
+    }
+    push(t);
+    return next;
   }
 
   // --- globals and objects ---
@@ -474,6 +495,7 @@ class DirectReader {
         const auto [off, rank] = dims(need_field(state, names_.offsets));
         const auto [sz, rank2] = dims(need_field(state, names_.sizes));
         if (rank != rank2) decline();
+        ++stats_.chunks_by_opcode;
         r.tag = Tag::kChunk;
         r.a = off;
         r.b = sz;
@@ -589,6 +611,264 @@ class DirectReader {
     o = r;
     retop();
     collect();
+  }
+
+  // --- a chunk at a glance ---
+  // NOTE [A chunk at a glance]: nearly every opcode of a large .metadata belongs to a
+  // ChunkStorageMetadata, and CPython's pickler writes each one the same way:
+  //   GET cls  EMPTY_TUPLE NEWOBJ MEMOIZE  EMPTY_DICT MEMOIZE MARK
+  //     GET 'offsets'  GET torch.Size  ints TUPLEk MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE
+  //     GET 'sizes'    GET torch.Size  ints TUPLEk MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE
+  //   SETITEMS BUILD
+  // with 1 to 3 ints (BININT1, BININT2 or a non-negative BININT) each. When the bytes after the
+  // class's GET are exactly that, and no GET wants any of the eight memo indices it makes, the
+  // chunk is read in one go and left as the opcodes would leave it: the same token on the stack,
+  // the same ints in the arena, the same memo count and dict number. Anything else (another
+  // protocol's PUTs, a FRAME in between, 4-d and 0-d chunks, a shared value) is run opcode by
+  // opcode. tests/unit/ckpt/test_formats_dcp.cpp counts both and compares the indexes.
+  const Tok* got(std::size_t& i) const {  // the memo token a GET at i gives (i moves past it), or null
+    std::uint64_t index = 0;
+    if (i + 2 <= n_ && p0_[i] == op::kBinGet) {
+      index = p0_[i + 1];
+      i += 2;
+    } else if (i + 5 <= n_ && p0_[i] == op::kLongBinGet) {
+      index = operand<4>(i + 1);
+      i += 5;
+    } else {
+      return nullptr;
+    }
+    const std::size_t slot = memo_slot(index);
+    return slot == kNoSlot || memo_[slot].tag == Tag::kUnset ? nullptr : &memo_[slot];
+  }
+  bool named(const Tok& key, Name& name) const {
+    if (key.tag != Tag::kStr) return false;
+    if ((key.a == name.at && name.at != 0) || view(key) == name.text) {
+      name.at = key.a;
+      return true;
+    }
+    return false;
+  }
+  // Whether the n bytes at i are `run` (n <= 8), read as one word where the input allows.
+  template <std::size_t N>
+  bool run_at(std::size_t i, const std::uint8_t (&run)[N]) const {
+    static_assert(N <= 8);
+    if (N > n_ - i) return false;
+    if (n_ - i >= 8) {
+      std::uint64_t have = 0, want = 0;
+      std::memcpy(&have, p0_ + i, 8);
+      std::memcpy(&want, run, N);
+      constexpr std::uint64_t kMask = N == 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * N)) - 1;
+      return (have & kMask) == want;
+    }
+    return std::memcmp(p0_ + i, run, N) == 0;
+  }
+  // Whether a GET wants any memo index in [first, first + count), count <= 64.
+  bool referenced(std::uint64_t first, std::uint64_t count) const {
+    for (std::uint64_t w = first >> 6; w <= (first + count - 1) >> 6 && w < words_->size(); ++w) {
+      const std::uint64_t lo = std::max(first, w << 6) - (w << 6);
+      const std::uint64_t hi = std::min(first + count, (w + 1) << 6) - (w << 6);  // 1..64
+      const std::uint64_t bits = (hi == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << hi) - 1) & ~((std::uint64_t{1} << lo) - 1);
+      if ((*words_)[w] & bits) return true;
+    }
+    return false;
+  }
+  // The opcodes around an object's flat state, and after a Size's ints.
+  static constexpr std::uint8_t kHead[] = {op::kEmptyTuple, op::kNewObj, op::kMemoize, op::kEmptyDict, op::kMemoize, op::kMark};
+  static constexpr std::uint8_t kEnd[] = {op::kSetItems, op::kBuild};
+  // A torch.Size after its GET at i, as CPython writes one: 1 to 3 non-negative ints (BININT1,
+  // BININT2, BININT), TUPLEk MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE. Its ints go to v; returns
+  // how many (i moves past it), or 0 for anything else.
+  std::uint32_t size_at(std::size_t& i, std::int64_t (&v)[3]) const {
+    static constexpr std::uint8_t kTail[] = {op::kMemoize, op::kTuple1, op::kMemoize, op::kReduce, op::kMemoize};
+    static constexpr std::uint8_t kTupleOf[] = {0, op::kTuple1, op::kTuple2, op::kTuple3};
+    std::size_t at = i;
+    std::uint32_t k = 0;
+    for (; k < 3 && n_ - at >= 5; ++k) {  // the shortest tail after an int is 5 bytes
+      const std::uint8_t code = p0_[at];
+      if (code == op::kBinInt1) {
+        v[k] = p0_[at + 1];
+        at += 2;
+      } else if (code == op::kBinInt2) {
+        v[k] = static_cast<std::int64_t>(operand<2>(at + 1));
+        at += 3;
+      } else if (code == op::kBinInt) {
+        v[k] = static_cast<std::int32_t>(operand<4>(at + 1));
+        if (v[k] < 0) return 0;
+        at += 5;
+      } else {
+        break;
+      }
+    }
+    if (k == 0 || at >= n_ || p0_[at] != kTupleOf[k] || !run_at(at + 1, kTail)) return 0;
+    i = at + 1 + sizeof kTail;
+    return k;
+  }
+  std::size_t chunk_at(std::size_t i) {
+    if (puts_ || !run_at(i, kHead)) return 0;
+    i += sizeof kHead;
+    std::int64_t v[2][3];
+    std::uint32_t rank[2] = {0, 0};
+    for (std::uint32_t f = 0; f < 2; ++f) {
+      const Tok* key = got(i);
+      if (!key || !named(*key, f == 0 ? names_.offsets : names_.sizes)) return 0;
+      const Tok* size = got(i);
+      if (!size || size->tag != Tag::kGlobal || size->kind != GlobalKind::kTorchSize) return 0;
+      rank[f] = size_at(i, v[f]);
+      if (rank[f] == 0) return 0;
+    }
+    if (rank[0] != rank[1] || !run_at(i, kEnd) || referenced(memo_count_, 8)) return 0;
+    i += sizeof kEnd;
+    memo_count_ += 8;
+    ++dicts_;
+    const std::uint32_t k = rank[0];
+    const std::uint32_t a0 = arena_end();
+    arena_.append_ints(v[0], k);
+    arena_.append_ints(v[1], k);
+    Tok r;
+    r.tag = Tag::kChunk;
+    r.depth = 5;  // the object (1) built with a dict (4) of str keys and Sizes (3): as build() counts it
+    r.a = a0;
+    r.b = a0 + k;
+    r.n = k;
+    r.end = arena_end();
+    push(r);
+    ++stats_.chunks_at_a_glance;
+    return i;
+  }
+
+  // NOTE [An object at a glance]: storage_data's pairs, a MetadataIndex and a _StorageInfo, are
+  // the rest of a large .metadata. Each is an object built from a flat dict of simple values:
+  //   GET cls  EMPTY_TUPLE NEWOBJ MEMOIZE  EMPTY_DICT MEMOIZE MARK  (key value)...  SETITEMS BUILD
+  // where each key or value is a GET, a str (SHORT_BINUNICODE, then MEMOIZE or not), an int
+  // (BININT1, BININT2, BININT, LONG1), None, or at most one torch.Size of 1 to 3 ints as
+  // chunk_at reads it. When the bytes are that, the values are read into a small array without
+  // dispatching opcode by opcode, the memo gets what the MEMOIZEs would have given it (a str a
+  // GET wants is kept; any other value a GET wants sends the object back to the opcodes), the
+  // Size's ints and then the dict's run go to the arena where the opcodes would put them, and
+  // build() reads the object from there as it reads any other.
+  std::size_t object_at(std::size_t i, const Tok& cls) {
+    static constexpr std::size_t kMaxValues = 8;
+    if (puts_ || !run_at(i, kHead) || referenced(memo_count_, 2)) return 0;
+    i += sizeof kHead;
+    std::uint64_t memo = memo_count_ + 2;  // the index the next MEMOIZE gives
+    std::array<Tok, kMaxValues> values;
+    std::size_t n = 0;
+    std::array<std::pair<std::size_t, std::size_t>, kMaxValues> kept;  // (memo slot, value) of strs a GET wants
+    std::size_t n_kept = 0;
+    std::int64_t ints[3];
+    std::uint32_t rank = 0;
+    std::size_t size_value = kMaxValues;  // which value is the Size, if one is
+    while (true) {
+      if (i >= n_) return 0;
+      const std::uint8_t code = p0_[i];
+      if (code == op::kSetItems) break;
+      if (n == kMaxValues) return 0;
+      Tok& t = values[n];
+      t = Tok{};
+      switch (code) {
+        case op::kBinGet:
+        case op::kLongBinGet: {
+          const Tok* g = got(i);
+          if (!g) return 0;
+          if (g->tag != Tag::kGlobal || g->kind != GlobalKind::kTorchSize) {
+            t = *g;
+            break;
+          }
+          if (size_value != kMaxValues) return 0;
+          rank = size_at(i, ints);
+          if (rank == 0 || referenced(memo, 3)) return 0;
+          memo += 3;
+          size_value = n;
+          t.tag = Tag::kSize;
+          t.n = rank;
+          t.depth = 3;  // as reduce() counts a Size of a tuple of ints
+          break;
+        }
+        case op::kShortBinUnicode: {
+          if (n_ - i < 2) return 0;
+          const std::size_t len = p0_[i + 1];
+          if (len > n_ - i - 2 || !pickle::valid_utf8({reinterpret_cast<const char*>(p0_ + i + 2), len})) return 0;
+          t.tag = Tag::kStr;
+          t.a = i + 2;
+          t.n = static_cast<std::uint32_t>(len);
+          i += 2 + len;
+          if (i < n_ && p0_[i] == op::kMemoize) {
+            ++i;
+            if (const std::size_t slot = memo_slot(memo); slot != kNoSlot) {  // as keep() marks a str
+              t.x = 1;
+              t.b = slot;
+              kept[n_kept++] = {slot, n};
+            }
+            ++memo;
+          }
+          break;
+        }
+        case op::kBinInt1:
+          if (n_ - i < 2) return 0;
+          t.tag = Tag::kInt;
+          t.a = p0_[i + 1];
+          i += 2;
+          break;
+        case op::kBinInt2:
+          if (n_ - i < 3) return 0;
+          t.tag = Tag::kInt;
+          t.a = operand<2>(i + 1);
+          i += 3;
+          break;
+        case op::kBinInt:
+          if (n_ - i < 5) return 0;
+          t.tag = Tag::kInt;
+          t.a = static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(operand<4>(i + 1))));
+          i += 5;
+          break;
+        case op::kLong1: {
+          if (n_ - i < 2 || p0_[i + 1] > n_ - i - 2) return 0;
+          const pickle::Int v = pickle::decode_long(std::span(reinterpret_cast<const std::byte*>(p0_ + i + 2), p0_[i + 1]));
+          if (!v.fits_int64()) return 0;
+          t.tag = Tag::kInt;
+          t.a = static_cast<std::uint64_t>(v.value);
+          i += 2 + p0_[i + 1];
+          break;
+        }
+        case op::kNone:
+          t.tag = Tag::kNone;
+          ++i;
+          break;
+        default:
+          return 0;
+      }
+      ++n;
+    }
+    if (n == 0 || n % 2 != 0 || !run_at(i, kEnd)) return 0;
+    i += sizeof kEnd;
+    // What the opcodes would have left: the memo and its count, the dict's number, the object
+    // on the stack, the Size's ints in the arena and the dict's items after them.
+    for (std::size_t k = 0; k < n_kept; ++k) memo_[kept[k].first] = values[kept[k].second];
+    memo_count_ = memo;
+    Tok o;
+    o.tag = Tag::kObject;
+    o.kind = cls.kind;
+    o.a = cls.a;
+    o.depth = 1;  // as newobj() counts a class with an empty tuple
+    push(o);
+    if (size_value != kMaxValues) {
+      Tok& size = values[size_value];
+      size.a = arena_end();
+      arena_.append_ints(ints, rank);
+      size.end = arena_end();
+    }
+    Tok d;
+    d.tag = Tag::kDict;
+    d.b = ++dicts_;
+    d.a = arena_end();
+    d.n = static_cast<std::uint32_t>(n);
+    for (std::size_t k = 0; k < n; ++k) d.depth = std::max<std::uint16_t>(d.depth, deeper(0, values[k]));
+    arena_.append(values.data(), values.data() + n);
+    d.end = arena_end();
+    push(d);
+    build();
+    ++stats_.objects_at_a_glance;
+    return i;
   }
 
   // --- the two big dicts ---
@@ -912,8 +1192,8 @@ class DirectReader {
         memo_put(operand<4>(i));
         return i + 4;
       case kMemoizeOp: memo_put(memo_count_); return i;
-      case kGet1Op: memo_get(operand<1>(i)); return i + 1;
-      case kGet4Op: memo_get(operand<4>(i)); return i + 4;
+      case kGet1Op: return memo_get(operand<1>(i), i + 1);
+      case kGet4Op: return memo_get(operand<4>(i), i + 4);
       default: decline();  // kRefuse; STOP is run()'s
     }
   }
@@ -942,6 +1222,7 @@ class DirectReader {
   std::int64_t infos_ = 0;  ///< _StorageInfo objects built and not yet taken by storage_data
   bool root_done_ = false;
   std::uint64_t relocated_ = 0;  ///< tokens extend() has copied
+  DirectReadStats stats_;
   std::uint64_t paths_dict_ = 0;  ///< the dict (by number) whose pairs are in paths_
   std::map<std::string, pickle::ValuePtr> paths_;  ///< becomes Checkpoint::planner_data
   std::vector<pickle::ValuePtr> shared_strs_;              ///< tree(): by memo slot (Tok::b)
@@ -970,7 +1251,7 @@ class DirectReader {
 }  // namespace
 
 bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c,
-                              const std::function<void(std::uint64_t)>& release) {
+                              const std::function<void(std::uint64_t)>& release, DirectReadStats* stats) {
   Checkpoint out;
   out.root = c.root;
   out.format = c.format;
@@ -978,7 +1259,9 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
     pickle::ParseOptions scan;
     scan.on_scanned = release;
     const pickle::IndexSet referenced = pickle::referenced_memo(bytes, scan);
-    DirectReader(bytes, source, out, release).run(referenced);
+    DirectReader reader(bytes, source, out, release);
+    reader.run(referenced);
+    if (stats) *stats = reader.stats();
   } catch (const Decline&) {
     return false;
   } catch (const Error&) {  // the builder's: the tree reader says it, with the offset

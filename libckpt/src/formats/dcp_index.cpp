@@ -46,7 +46,9 @@ void DcpIndexBuilder::add_fqn(const std::string& fqn, bool tensor, std::size_t i
 }
 
 std::uint32_t DcpIndexBuilder::file_index(std::string_view name, std::uint64_t at) {
-  if (auto it = file_by_name_.find(name); it != file_by_name_.end()) return it->second;  // checked when first met
+  // Items of one file mostly follow each other: the file named last first.
+  if (last_file_ < c_.files.size() && c_.files[last_file_].relative == name) return last_file_;
+  if (auto it = file_by_name_.find(name); it != file_by_name_.end()) return last_file_ = it->second;  // checked when first met
   std::filesystem::path p(name);
   bool bad = name.empty() || p.is_absolute() || name.find('\0') != std::string_view::npos || name.front() == '/';
   for (const auto& part : p) bad = bad || part == "..";
@@ -63,7 +65,7 @@ std::uint32_t DcpIndexBuilder::file_index(std::string_view name, std::uint64_t a
   c_.files.push_back(std::move(f));
   const auto index = static_cast<std::uint32_t>(c_.files.size() - 1);
   file_by_name_.emplace(std::string(name), index);
-  return index;
+  return last_file_ = index;
 }
 
 std::shared_ptr<const ChunkLocation::Layout> DcpIndexBuilder::layout(std::vector<std::string> transforms) {
@@ -83,7 +85,7 @@ void DcpIndexBuilder::add_storage(std::string_view fqn, bool tensor, Dims offset
 // Gives `loc` to the chunk (or bytes entry) `fqn` names, when that is known already: false
 // when it is not (storage_data may come first). A chunk given two locations is an error.
 bool DcpIndexBuilder::place(std::string_view fqn, bool tensor, const Dims& offsets, const ChunkLocation& loc, std::uint64_t at) {
-  const std::optional<Placed> found = entries_.find(fqn);
+  const std::optional<Placed> found = find_entry(fqn);
   if (!found || found->tensor != tensor) return false;
   if (!tensor) {
     ObjectEntry& o = c_.objects[found->index];
@@ -111,6 +113,21 @@ bool DcpIndexBuilder::place(std::string_view fqn, bool tensor, const Dims& offse
   }
   if (taken) fail(at, "storage_data names an entry at the same offsets twice");
   return false;
+}
+
+// storage_data lists each rank's items in the order of the entries, as a rule: the tensor placed
+// last, and the one after it, are tried before the table. Names are unique among all entries, so
+// a tensor of that name is the one the table would give.
+std::optional<DcpIndexBuilder::Placed> DcpIndexBuilder::find_entry(std::string_view fqn) {
+  for (const std::size_t i : {last_tensor_, last_tensor_ + 1}) {
+    if (i < c_.tensors.size() && c_.tensors[i].name == fqn) {
+      last_tensor_ = i;
+      return Placed{true, i};
+    }
+  }
+  const std::optional<Placed> found = entries_.find(fqn);
+  if (found && found->tensor) last_tensor_ = found->index;
+  return found;
 }
 
 void DcpIndexBuilder::finish() {

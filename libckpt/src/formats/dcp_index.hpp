@@ -85,6 +85,7 @@ class DcpIndexBuilder {
 
   void add_fqn(const std::string& fqn, bool tensor, std::size_t index, std::uint64_t at);
   bool place(std::string_view fqn, bool tensor, const Dims& offsets, const ChunkLocation& loc, std::uint64_t at);
+  std::optional<Placed> find_entry(std::string_view fqn);
 
   std::string source_;
   Checkpoint& c_;
@@ -92,6 +93,8 @@ class DcpIndexBuilder {
   std::vector<std::uint32_t> next_chunk_;  ///< per tensor: the chunk place() looks at first
   std::map<Key, Pending> pending_;         ///< storage_data items read before their entry
   std::map<std::string, std::uint32_t, std::less<>> file_by_name_;
+  std::uint32_t last_file_ = ~std::uint32_t{0};  ///< the file file_index() gave last
+  std::size_t last_tensor_ = 0;                  ///< the tensor find_entry() gave last
   std::shared_ptr<const ChunkLocation::Layout> last_layout_;  ///< the transforms the last chunk had
 };
 

@@ -23,8 +23,16 @@ void read_dcp_metadata(std::span<const std::byte> bytes, const std::string& sour
 /// a well-formed one several times faster and returns false, touching nothing, for anything else.
 void read_dcp_metadata_tree(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
                             MetaTrees trees = MetaTrees::kDrop, const std::function<void(std::uint64_t)>& release = {});
+/// What the direct reader did (tests and ckpt_probe look): chunks read at a glance (NOTE [A chunk
+/// at a glance]) or opcode by opcode, and storage_data's objects read at a glance (NOTE [An object
+/// at a glance]).
+struct DirectReadStats {
+  std::uint64_t chunks_at_a_glance = 0;
+  std::uint64_t chunks_by_opcode = 0;
+  std::uint64_t objects_at_a_glance = 0;
+};
 bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
-                              const std::function<void(std::uint64_t)>& release = {});
+                              const std::function<void(std::uint64_t)>& release = {}, DirectReadStats* stats = nullptr);
 
 /// How two indexes differ (the first difference found, in words), or empty when they are the same:
 /// entries, chunks and their locations, files, notes, writer and planner_data. For tests and the

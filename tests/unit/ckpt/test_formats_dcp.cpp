@@ -65,14 +65,14 @@ pk::ValuePtr& first_key(const pk::ValuePtr& dict) { return std::get<pk::Dict>(di
 
 // NOTE [The direct .metadata reader]: reads `dir`'s .metadata with the direct reader and, when it
 // accepts, with the tree reader too, which must then succeed and give the same index. Returns
-// whether the direct reader accepted.
-bool direct_reader_agrees(const std::filesystem::path& dir) {
+// whether the direct reader accepted; `stats`, what it did with the chunks.
+bool direct_reader_agrees(const std::filesystem::path& dir, ckpt::detail::DirectReadStats* stats = nullptr) {
   const auto bytes = read_all(dir / ".metadata");
   ckpt::Checkpoint direct;
   direct.root = dir;
   direct.format = ckpt::Format::kDcp;
   ckpt::Checkpoint tree = direct;
-  const bool accepted = ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct);
+  const bool accepted = ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct, {}, stats);
   if (!accepted) {
     CHECK(direct.tensors.empty());  // declining touches nothing
     return false;
@@ -387,9 +387,72 @@ TEST_CASE("the direct .metadata reader reads what the tree reader reads, or decl
     CHECK(c.find_tensor("model.big")->chunks.size() == 1200);
     CHECK(c.find_tensor("model.big")->chunks[1199].location.has_value());
   }
-  SECTION("what torch 1.13 wrote") {
-    CHECK(direct_reader_agrees(testdata("dcp/torch113_2rank")));
-    CHECK(direct_reader_agrees(testdata("dcp/torch113_4rank")));
+  SECTION("what torch 1.13 wrote: chunks read at a glance but the first and the 0-d one") {
+    // The first chunk names its class and field names (STACK_GLOBAL, strs) where later ones GET
+    // them; optim.state.embed.step is 0-d.
+    for (const char* name : {"dcp/torch113_2rank", "dcp/torch113_4rank"}) {
+      ckpt::detail::DirectReadStats stats;
+      CHECK(direct_reader_agrees(testdata(name), &stats));
+      CHECK(stats.chunks_at_a_glance >= 9);
+      CHECK(stats.chunks_by_opcode == 2);
+      // storage_data's objects but the first pair and the MetadataIndex of the 0-d step
+      CHECK(stats.objects_at_a_glance == 2 * (stats.chunks_at_a_glance + stats.chunks_by_opcode + 2) - 3);
+    }
+  }
+  SECTION("chunks read at a glance where the pickle has the common shape, opcode by opcode elsewhere") {
+    // NOTE [A chunk at a glance]: 1-d to 3-d chunks have it; 0-d and 4-d chunks do not, and a
+    // chunk whose offsets a MetadataIndex shares (a GET of a memo index the chunk made) may not.
+    TestDir dir;
+    auto bytes_of = [](std::size_t n) { return ckpt::memory_source(std::vector<std::byte>(n)); };
+    std::vector<ckpt::DcpWriteTensor> t;
+    t.push_back({"model.a", DType::kFloat32, {600}, {{0, {0}, {300}, bytes_of(1200)}, {1, {300}, {300}, bytes_of(1200)}}, false});
+    t.push_back({"model.b", DType::kFloat32, {2, 3, 70000}, {{0, {0, 0, 0}, {1, 3, 70000}, bytes_of(840000)}, {1, {1, 0, 0}, {1, 3, 70000}, bytes_of(840000)}}, false});
+    t.push_back({"model.c", DType::kFloat32, {}, {{0, {}, {}, bytes_of(4)}}, false});
+    t.push_back({"model.d", DType::kFloat32, {2, 1, 1, 1}, {{0, {0, 0, 0, 0}, {1, 1, 1, 1}, bytes_of(4)}, {1, {1, 0, 0, 0}, {1, 1, 1, 1}, bytes_of(4)}}, false});
+    ckpt::DcpWriteOptions opts;
+    opts.world_size = 2;
+    ckpt::write_dcp(dir.path(), t, {}, opts);
+    ckpt::detail::DirectReadStats stats;
+    CHECK(direct_reader_agrees(dir.path(), &stats));
+    // At a glance: model.a's second chunk (BININT2 ints) and model.b's (BININT1, BININT). By opcode:
+    // model.a's first (the class and field names first appear there), model.c's and model.d's.
+    CHECK(stats.chunks_at_a_glance == 3);
+    CHECK(stats.chunks_by_opcode == 4);
+    // NOTE [An object at a glance]: storage_data's 14 objects but the first pair (which names the
+    // classes and fields) and the MetadataIndex of model.c (0-d offsets) and of model.d (4-d).
+    CHECK(stats.objects_at_a_glance == 9);
+    // model.a's second offsets shared with its MetadataIndex: the pickler GETs the chunk's Size.
+    edit_metadata(dir.path(), [](pk::ValuePtr& root) {
+      pk::ValuePtr chunk = std::get<pk::List>(field(first_value(field(root, "state_dict_metadata")), "chunks")->payload).items.at(1);
+      for (auto& [index, info] : std::get<pk::Dict>(field(root, "storage_data")->payload).items) {
+        if (*field(index, "fqn")->str() == "model.a" && pk::repr(*field(index, "offset")) == pk::repr(*field(chunk, "offsets"))) {
+          field(index, "offset") = field(chunk, "offsets");
+        }
+      }
+    });
+    stats = {};
+    CHECK(direct_reader_agrees(dir.path(), &stats));
+    CHECK(stats.chunks_at_a_glance == 2);
+    CHECK(stats.chunks_by_opcode == 5);
+    CHECK(stats.objects_at_a_glance == 9);  // the shared Size is a GET, which a glance takes
+    // A negative offset (a BININT) in a chunk of the common shape: refused by the tree reader,
+    // declined by the direct one.
+    edit_metadata(dir.path(), [](pk::ValuePtr& root) {
+      pk::ValuePtr chunk = std::get<pk::List>(field(std::get<pk::Dict>(field(root, "state_dict_metadata")->payload).items.at(1).second, "chunks")->payload).items.at(1);
+      field(chunk, "offsets") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_tuple({pk::make_int(-1), pk::make_int(0), pk::make_int(0)})}));
+    });
+    CHECK_THROWS_AS(ckpt::open_dcp(dir.path()), ckpt::Error);
+    CHECK_FALSE(direct_reader_agrees(dir.path()));
+    // The same in a MetadataIndex's offset (an object read at a glance otherwise).
+    TestDir index;
+    ckpt::write_dcp(index.path(), t, {}, opts);
+    edit_metadata(index.path(), [](pk::ValuePtr& root) {
+      for (auto& [key, info] : std::get<pk::Dict>(field(root, "storage_data")->payload).items) {
+        if (*field(key, "fqn")->str() == "model.b") field(key, "offset") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_tuple({pk::make_int(-1), pk::make_int(0), pk::make_int(0)})}));
+      }
+    });
+    CHECK_THROWS_AS(ckpt::open_dcp(index.path()), ckpt::Error);
+    CHECK_FALSE(direct_reader_agrees(index.path()));
   }
   SECTION("the hostile and broken corpus: declined, or read alike when only the data files are bad") {
     int declined = 0, agreed = 0;
