@@ -637,9 +637,17 @@ class DirectReader {
     } else {
       return nullptr;
     }
-    const std::size_t slot = memo_slot(index);
-    return slot == kNoSlot || memo_[slot].tag == Tag::kUnset ? nullptr : &memo_[slot];
+    // A glance GETs the same few indices (a class, field names, torch.Size) again and again: their
+    // slots are remembered, 16 ways by the index's low bits (a slot depends only on the index).
+    GetWay& way = get_ways_[index & 15];
+    if (way.index != index) way = GetWay{index, memo_slot(index)};
+    return way.slot == kNoSlot || memo_[way.slot].tag == Tag::kUnset ? nullptr : &memo_[way.slot];
   }
+  struct GetWay {
+    std::uint64_t index = ~std::uint64_t{0};
+    std::size_t slot = kNoSlot;
+  };
+  mutable std::array<GetWay, 16> get_ways_{};
   bool named(const Tok& key, Name& name) const {
     if (key.tag != Tag::kStr) return false;
     if ((key.a == name.at && name.at != 0) || view(key) == name.text) {
