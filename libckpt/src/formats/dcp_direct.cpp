@@ -124,7 +124,12 @@ class TokArena {
   void append(const Tok* first, const Tok* last) {
     const auto n = static_cast<std::size_t>(last - first);
     reserve(n);
-    std::copy(first, last, toks_.data() + size_);
+    Tok* to = toks_.data() + size_;
+    if (n <= 8) {  // most runs: a plain loop, where a string copy's start-up would cost more
+      for (std::size_t k = 0; k < n; ++k) to[k] = first[k];
+    } else {
+      std::copy(first, last, to);
+    }
     size_ += n;
   }
   /// Appends n int tokens.
@@ -732,14 +737,13 @@ class DirectReader {
     const std::uint32_t a0 = arena_end();
     arena_.append_ints(v[0], k);
     arena_.append_ints(v[1], k);
-    Tok r;
-    r.tag = Tag::kChunk;
+    Tok& r = emplace(Tag::kChunk);
     r.depth = 5;  // the object (1) built with a dict (4) of str keys and Sizes (3): as build() counts it
     r.a = a0;
     r.b = a0 + k;
     r.n = k;
     r.end = arena_end();
-    push(r);
+    retop();
     ++stats_.chunks_at_a_glance;
     return i;
   }
@@ -759,9 +763,15 @@ class DirectReader {
     if (puts_ || !run_at(i, kHead) || referenced(memo_count_, 2)) return 0;
     i += sizeof kHead;
     std::uint64_t memo = memo_count_ + 2;  // the index the next MEMOIZE gives
-    std::array<Tok, kMaxValues> values;
+    union Values {  // not zeroed first: each value is made whole where it is read
+      Values() {}
+      Tok at[kMaxValues];
+    } storage;
+    Tok* const values = storage.at;
     std::size_t n = 0;
-    std::array<std::pair<std::size_t, std::size_t>, kMaxValues> kept;  // (memo slot, value) of strs a GET wants
+    struct Kept {
+      std::size_t slot, value;
+    } kept[kMaxValues];  // strs a GET wants
     std::size_t n_kept = 0;
     std::int64_t ints[3];
     std::uint32_t rank = 0;
@@ -851,29 +861,29 @@ class DirectReader {
     i += sizeof kEnd;
     // What the opcodes would have left: the memo and its count, the dict's number, the object
     // on the stack, the Size's ints in the arena and the dict's items after them.
-    for (std::size_t k = 0; k < n_kept; ++k) memo_[kept[k].first] = values[kept[k].second];
+    for (std::size_t k = 0; k < n_kept; ++k) memo_[kept[k].slot] = values[kept[k].value];
     memo_count_ = memo;
-    Tok o;
-    o.tag = Tag::kObject;
+    Tok& o = emplace(Tag::kObject);  // made in place, as emplace() says
     o.kind = cls.kind;
     o.a = cls.a;
     o.depth = 1;  // as newobj() counts a class with an empty tuple
-    push(o);
     if (size_value != kMaxValues) {
       Tok& size = values[size_value];
       size.a = arena_end();
       arena_.append_ints(ints, rank);
       size.end = arena_end();
     }
-    Tok d;
-    d.tag = Tag::kDict;
+    std::uint16_t depth = 0;
+    for (std::size_t k = 0; k < n; ++k) depth = std::max(depth, deeper(0, values[k]));
+    const std::uint32_t run = arena_end();
+    arena_.append(values, values + n);
+    Tok& d = emplace(Tag::kDict);
     d.b = ++dicts_;
-    d.a = arena_end();
+    d.a = run;
     d.n = static_cast<std::uint32_t>(n);
-    for (std::size_t k = 0; k < n; ++k) d.depth = std::max<std::uint16_t>(d.depth, deeper(0, values[k]));
-    arena_.append(values.data(), values.data() + n);
+    d.depth = depth;
     d.end = arena_end();
-    push(d);
+    retop();
     build();
     ++stats_.objects_at_a_glance;
     return i;
