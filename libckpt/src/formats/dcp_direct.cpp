@@ -661,19 +661,9 @@ class DirectReader {
     }
     return false;
   }
-  // Whether the n bytes at i are `run` (n <= 8), read as one word where the input allows.
   template <std::size_t N>
   bool run_at(std::size_t i, const std::uint8_t (&run)[N]) const {
-    static_assert(N <= 8);
-    if (N > n_ - i) return false;
-    if (n_ - i >= 8) {
-      std::uint64_t have = 0, want = 0;
-      std::memcpy(&have, p0_ + i, 8);
-      std::memcpy(&want, run, N);
-      constexpr std::uint64_t kMask = N == 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * N)) - 1;
-      return (have & kMask) == want;
-    }
-    return std::memcmp(p0_ + i, run, N) == 0;
+    return pickle::run_at(p0_, i, n_, run);
   }
   // Whether a GET wants any memo index in [first, first + count), count <= 64.
   bool referenced(std::uint64_t first, std::uint64_t count) const {
@@ -685,14 +675,14 @@ class DirectReader {
     }
     return false;
   }
-  // The opcodes around an object's flat state, and after a Size's ints.
-  static constexpr std::uint8_t kHead[] = {op::kEmptyTuple, op::kNewObj, op::kMemoize, op::kEmptyDict, op::kMemoize, op::kMark};
-  static constexpr std::uint8_t kEnd[] = {op::kSetItems, op::kBuild};
+  // The opcodes around an object's flat state, and after a Size's ints (pickle/memo_scan.hpp).
+  static constexpr const auto& kHead = pickle::kObjectHead;
+  static constexpr const auto& kEnd = pickle::kObjectEnd;
   // A torch.Size after its GET at i, as CPython writes one: 1 to 3 non-negative ints (BININT1,
   // BININT2, BININT), TUPLEk MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE. Its ints go to v; returns
   // how many (i moves past it), or 0 for anything else.
   std::uint32_t size_at(std::size_t& i, std::int64_t (&v)[3]) const {
-    static constexpr std::uint8_t kTail[] = {op::kMemoize, op::kTuple1, op::kMemoize, op::kReduce, op::kMemoize};
+    static constexpr const auto& kTail = pickle::kSizeTail;
     static constexpr std::uint8_t kTupleOf[] = {0, op::kTuple1, op::kTuple2, op::kTuple3};
     std::size_t at = i;
     std::uint32_t k = 0;

@@ -82,7 +82,7 @@ namespace {
 
 // What the first pass does with each opcode byte: one dense switch on this class is a jump table,
 // where a switch on the opcode itself compiles to a chain of compares (twice as slow at -O3).
-enum OpClass : std::uint8_t { kEnd, kNoOperand, kSkip1, kSkip2, kSkip4, kSkip8, kGet1, kGet4, kLen1, kLen4, kLen8, kGlobalLines };
+enum OpClass : std::uint8_t { kEnd, kNoOperand, kTupleN, kSkip1, kSkip2, kSkip4, kSkip8, kGet1, kGet4, kLen1, kLen4, kLen8, kGlobalLines };
 
 constexpr std::array<std::uint8_t, 256> op_classes() {
   std::array<std::uint8_t, 256> t{};  // kEnd: STOP, and every opcode the unpickler refuses
@@ -92,6 +92,7 @@ constexpr std::array<std::uint8_t, 256> op_classes() {
                          op::kBuild, op::kBinPersId, op::kMemoize}) {
     t[c] = kNoOperand;
   }
+  t[op::kTuple1] = t[op::kTuple2] = t[op::kTuple3] = kTupleN;
   for (std::uint8_t c : {op::kProto, op::kBinInt1, op::kBinPut}) t[c] = kSkip1;
   t[op::kBinInt2] = kSkip2;
   t[op::kBinInt] = t[op::kLongBinPut] = kSkip4;
@@ -126,6 +127,9 @@ IndexSet referenced_memo(std::span<const std::byte> bytes, const ParseOptions& o
     while (i < limit) {
       switch (kOpClasses[p[i++]]) {
         case kNoOperand: continue;
+        case kTupleN:  // a run found whole is stepped over: none of its opcodes has an operand
+          i += run_at(p, i, n, kSizeTail) * sizeof kSizeTail;  // no branch: the runs come and go
+          continue;
         case kSkip1: i += 1; continue;
         case kSkip2: i += 2; continue;
         case kSkip4: i += 4; continue;
@@ -134,11 +138,13 @@ IndexSet referenced_memo(std::span<const std::byte> bytes, const ParseOptions& o
           if (i >= n) return false;
           out.insert(p[i]);
           i += 1;
+          i += run_at(p, i, n, kObjectHead) * sizeof kObjectHead;
           continue;
         case kGet4:
           if (n - i < 4) return false;
           out.insert(load_le<4>(p + i));
           i += 4;
+          i += run_at(p, i, n, kObjectHead) * sizeof kObjectHead;
           continue;
         case kLen1:
         case kLen4:

@@ -4,16 +4,42 @@
 // UTF-8 check CPython's decoder makes, and LONG1/LONG4 decoding.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string_view>
-#include <algorithm>
 #include <unordered_set>
 #include <vector>
 
 #include "ckpt/pickle.hpp"
+#include "pickle/opcodes.hpp"
 
 namespace ckpt::pickle {
+
+// Runs of opcodes without operands that CPython's pickler writes for every dataclass object and
+// every torch.Size, most of a large .metadata (NOTE [A chunk at a glance], formats/dcp_direct.cpp):
+// after the GET of a class, EMPTY_TUPLE NEWOBJ MEMOIZE EMPTY_DICT MEMOIZE MARK; after a
+// TUPLE1/2/3 of ints, MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE; SETITEMS BUILD to end the object.
+inline constexpr std::uint8_t kObjectHead[] = {op::kEmptyTuple, op::kNewObj, op::kMemoize, op::kEmptyDict, op::kMemoize, op::kMark};
+inline constexpr std::uint8_t kSizeTail[] = {op::kMemoize, op::kTuple1, op::kMemoize, op::kReduce, op::kMemoize};
+inline constexpr std::uint8_t kObjectEnd[] = {op::kSetItems, op::kBuild};
+
+/// Whether the N bytes at p + i (of n; i <= n) are `run`: one word compared where 8 bytes are there.
+template <std::size_t N>
+bool run_at(const std::uint8_t* p, std::size_t i, std::size_t n, const std::uint8_t (&run)[N]) {
+  static_assert(N <= 8);
+  static_assert(std::endian::native == std::endian::little, "the mask keeps the first N bytes of a little-endian word");
+  if (n - i >= 8) [[likely]] {
+    std::uint64_t have = 0, want = 0;
+    std::memcpy(&have, p + i, 8);
+    std::memcpy(&want, run, N);
+    constexpr std::uint64_t kMask = N == 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * N)) - 1;
+    return (have & kMask) == want;
+  }
+  return N <= n - i && std::memcmp(p + i, run, N) == 0;
+}
 
 /// Whether `s` is UTF-8 as CPython decodes it ("surrogatepass": encoded surrogates accepted).
 bool valid_utf8(std::string_view s);
