@@ -333,6 +333,9 @@ class DirectReader {
     if (const std::size_t slot = memo_slot(index); slot != kNoSlot) keep(slot);
   }
   [[gnu::noinline]] void keep(std::size_t slot) {
+    // A PUT to an index a GET wants, again: a str's slot would name two strs (tree() shares strs
+    // by slot). No pickler does it; the tree reader reads it.
+    if (memo_[slot].tag != Tag::kUnset) decline();
     Tok& t = stack_.back();
     switch (t.tag) {  // what a GET may share: values nothing changes after it is made
       case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
