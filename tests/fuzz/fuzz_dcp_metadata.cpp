@@ -2,7 +2,9 @@
 // libFuzzer target: a DCP .metadata through both readers (NOTE [The direct .metadata reader]).
 // The tree reader (the restricted unpickler and the metadata interpreter) must never fail
 // internally; the direct reader must decline whatever the tree reader refuses, and read whatever
-// it accepts into the very index the tree reader builds.
+// it accepts into the very index the tree reader builds, whether it has the first pass's answer
+// from the start or guesses until the middle of the input or to its end (NOTE [The first pass
+// beside the reader]; settled at fixed offsets here, so that a run repeats).
 #include <cstddef>
 #include <cstdint>
 
@@ -14,7 +16,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ckpt::Checkpoint direct;
   direct.root = "/nonexistent-fuzz-root";
   ckpt::Checkpoint tree = direct;
-  const bool accepted = ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct);
+  using Options = ckpt::detail::DirectReadOptions;
+  const bool accepted = ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct, {}, nullptr, Options{Options::FirstPass::kFirst});
+  for (const std::uint64_t at : {std::uint64_t{size / 2}, std::uint64_t{size + 1}}) {
+    ckpt::Checkpoint guessed;
+    guessed.root = direct.root;
+    if (ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", guessed, {}, nullptr, Options{Options::FirstPass::kAt, at}) != accepted) {
+      __builtin_trap();
+    }
+    if (accepted && !ckpt::detail::index_difference(direct, guessed).empty()) __builtin_trap();
+  }
   try {
     ckpt::detail::read_dcp_metadata_tree(bytes, ".metadata", tree);
   } catch (const ckpt::Error& e) {

@@ -9,7 +9,8 @@
 // as soon as nothing on the stack or in the memo needs it. DCP's classes are read as BUILD
 // finishes them (a ChunkStorageMetadata into its boxes, a TensorStorageMetadata into its entry)
 // and the two big dicts are handed to the same DcpIndexBuilder the tree reader uses, batch by
-// batch. Only the memo entries a GET uses are kept (the first pass, pickle/memo_scan.hpp).
+// batch. Only the memo entries a GET uses are kept (the first pass, pickle/memo_scan.hpp, which
+// for a .metadata up to 16 MiB runs beside the reader: NOTE [The first pass beside the reader]).
 //
 // It reads only what a well-formed .metadata holds, the shapes torch 1.13 to 2.x write. Anything
 // else (an error of any kind, an opcode or class it does not model, a list or dict a GET shares,
@@ -20,6 +21,8 @@
 // and the .metadata fuzz target compare the two indexes (detail::index_difference).
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <thread>
 #include <cstring>
 #include <map>
 
@@ -38,6 +41,10 @@ using pickle::GlobalKind;
 /// Thrown inside the reader when it declines; caught at its entry point.
 struct Decline {};
 [[noreturn]] void decline() { throw Decline{}; }
+/// Thrown when a guess about the memo was wrong (NOTE [The first pass beside the reader]): the
+/// reading starts again, with the first pass's answer from the start.
+struct Reguess {};
+[[noreturn]] void reguess() { throw Reguess{}; }
 
 enum class Tag : std::uint8_t {
   kNone, kBool, kInt, kFloat,
@@ -164,20 +171,73 @@ class DirectReader {
                const std::function<void(std::uint64_t)>& release)
       : p0_(reinterpret_cast<const std::uint8_t*>(bytes.data())), n_(bytes.size()), release_(release), c_(c), b_(source, c) {}
 
-  const DirectReadStats& stats() const noexcept { return stats_; }
+  const DirectReadStats& stats() {
+    stats_.guessed = guessed_ + (guess_ ? memo_.size() : 0);
+    stats_.guessed_below = guess_ ? memo_count_ : guess_limit_;
+    return stats_;
+  }
 
   void run(const pickle::IndexSet& referenced) {
+    settle(referenced);
+    run();
+  }
+  // NOTE [The first pass beside the reader]: the first pass (pickle::referenced_memo) tells
+  // which memo indices a GET will want, so that only those are kept; it takes a quarter of the
+  // reading's time. It can run on another thread while the reader starts without it, guessing:
+  // every value a GET may share that needs nothing in the arena is kept (strs, globals, numbers,
+  // None, the small objects of a TensorProperties or a memory format: what CPython's pickler GETs
+  // in a .metadata), and nothing else. Once the first pass is done (`settled`, looked at every
+  // kReleaseEvery bytes, or at `settle_at` in tests), the reader checks the guess (every index a
+  // GET wants below the MEMOIZE count then must have been kept) and goes on with the exact answer
+  // for the indices after. A GET of a value not kept, a PUT, or more kept than kGuessLimit before
+  // that, and the guess was wrong: read_dcp_metadata_direct reads again with the answer from the
+  // start. memo_slot() numbers the guessed tokens first, then the exact ones, in one memo_.
+  static constexpr std::size_t kGuessLimit = std::size_t{1} << 19;  // tokens: 16 MiB
+  void run_beside(const std::atomic<bool>& settled, const pickle::IndexSet& referenced, std::uint64_t settle_at) {
+    settled_ = &settled;
+    first_pass_ = &referenced;
+    settle_at_ = settle_at;
+    guess_ = true;
+    guess_limit_ = ~std::uint64_t{0};
+    guess_rank_.assign(1, 0);
+    run();
+  }
+
+ private:
+  // The first pass is done: checks the guess, and reads on with its answer.
+  void settle(const pickle::IndexSet& referenced) {
     if (referenced.has_sparse()) decline();
     const auto& words = referenced.dense_words();
-    rank_.resize(words.size() + 1);
+    if (guess_) {
+      for (std::size_t w = 0; w < words.size() && (w << 6) < memo_count_; ++w) {
+        const std::uint64_t below = memo_count_ - (w << 6) >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << (memo_count_ - (w << 6))) - 1;
+        const std::uint64_t kept = w < kept_words_.size() ? kept_words_[w] : 0;
+        if (words[w] & below & ~kept) reguess();  // a GET will want what was not kept
+      }
+      guess_ = false;
+      guess_limit_ = memo_count_;
+      guessed_ = memo_.size();
+      get_ways_ = {};
+    }
+    rank_.assign(words.size() + 1, 0);
     for (std::size_t w = 0; w < words.size(); ++w) rank_[w + 1] = rank_[w] + static_cast<std::uint32_t>(ones(words[w]));
     words_ = &words;
-    memo_.assign(rank_.back(), Tok{Tag::kUnset});
+    memo_.resize(guessed_ + rank_.back(), Tok{Tag::kUnset});
+    settled_ = nullptr;
+  }
+  bool settling(std::size_t i) const {
+    return settled_ && (settle_at_ ? i >= settle_at_ : settled_->load(std::memory_order_acquire));
+  }
+
+  void run() {
     if (n_ == 0) decline();
     std::size_t i = 0;
     while (true) {
+      if (settling(i)) settle(*first_pass_);
       // The pages behind are given back every kReleaseEvery bytes (read_dcp_metadata's release).
-      for (const std::size_t limit = std::min(n_, i + kReleaseEvery); i < limit;) {
+      std::size_t limit = std::min(n_, i + kReleaseEvery);
+      if (settled_ && settle_at_ > i) limit = std::min<std::size_t>(limit, settle_at_);
+      for (; i < limit;) {
         const std::uint8_t code = p0_[i++];
         if (code == op::kStop) [[unlikely]] {
           if (i != n_ || stack_.empty() || stack_.back().tag != Tag::kRoot) decline();
@@ -190,7 +250,6 @@ class DirectReader {
     }
   }
 
- private:
   static constexpr std::size_t kReleaseEvery = std::size_t{1} << 20;
 
   // --- operands ---
@@ -309,12 +368,17 @@ class DirectReader {
   // GET wants that index.
   static constexpr std::size_t kNoSlot = ~std::size_t{0};
   [[gnu::always_inline]] std::size_t memo_slot(std::uint64_t index) const {
+    if (index < guess_limit_) [[unlikely]] return slot_in(kept_words_, guess_rank_, index);  // guessed
+    const std::size_t slot = slot_in(*words_, rank_, index);
+    return slot == kNoSlot ? kNoSlot : guessed_ + slot;
+  }
+  static std::size_t slot_in(const std::vector<std::uint64_t>& words, const std::vector<std::uint32_t>& rank, std::uint64_t index) {
     const std::size_t w = static_cast<std::size_t>(index >> 6);
-    if (w >= words_->size()) return kNoSlot;
-    const std::uint64_t word = (*words_)[w];
+    if (w >= words.size()) return kNoSlot;
+    const std::uint64_t word = words[w];
     const std::uint64_t bit = std::uint64_t{1} << (index & 63);
     if (!(word & bit)) return kNoSlot;
-    return rank_[w] + ones(word & (bit - 1));
+    return rank[w] + ones(word & (bit - 1));
   }
   // std::popcount is a library call on baseline x86-64 (no POPCNT instruction assumed).
   static std::size_t ones(std::uint64_t v) {
@@ -330,7 +394,37 @@ class DirectReader {
     } else {
       ++memo_count_;  // MEMOIZE only so far: index == memo_count_, new
     }
+    if (guess_) return guess_keep();
     if (const std::size_t slot = memo_slot(index); slot != kNoSlot) keep(slot);
+  }
+  // Guessing: what keep() would keep, when it needs no arena (index == memo_count_ - 1).
+  [[gnu::noinline]] void guess_keep() {
+    if (puts_) reguess();  // PUTs number the memo out of order
+    Tok& t = stack_.back();
+    switch (t.tag) {
+      case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
+      case Tag::kGlobal: case Tag::kTuple: case Tag::kOther: case Tag::kSize: case Tag::kProps:
+        if (t.end == 0) break;
+        [[fallthrough]];
+      default: return;  // not kept: a GET of it is a wrong guess
+    }
+    const std::size_t slot = guess_slot(memo_count_ - 1);
+    if (t.tag == Tag::kStr && t.x == 0) {
+      t.x = 1;
+      t.b = slot;
+    }
+    memo_.push_back(t);
+  }
+  // Guessing: marks `index` (above every index kept so far) kept; its slot.
+  std::size_t guess_slot(std::uint64_t index) {
+    if (memo_.size() >= kGuessLimit) reguess();
+    const std::size_t w = static_cast<std::size_t>(index >> 6);
+    if (w >= kept_words_.size()) {
+      kept_words_.resize(w + 1, 0);
+      guess_rank_.resize(w + 1, static_cast<std::uint32_t>(memo_.size()));  // every kept index is in a word below
+    }
+    kept_words_[w] |= std::uint64_t{1} << (index & 63);
+    return memo_.size();
   }
   [[gnu::noinline]] void keep(std::size_t slot) {
     // A PUT to an index a GET wants, again: a str's slot would name two strs (tree() shares strs
@@ -351,6 +445,7 @@ class DirectReader {
     pinned_ = std::max(pinned_, t.end);
   }
   void first_put() {
+    if (guess_) reguess();
     if (puts_) return;
     for (std::uint64_t k = 0; k < memo_count_; ++k) set_.insert(k);
     puts_ = true;
@@ -358,8 +453,9 @@ class DirectReader {
   // A GET whose operands end at `next`: where the next opcode is.
   [[gnu::always_inline]] std::size_t memo_get(std::uint64_t index, std::size_t next) {
     const std::size_t slot = memo_slot(index);
+    if (slot == kNoSlot && (guess_ || index < guess_limit_)) reguess();  // not kept, guessing
     if (slot == kNoSlot || memo_[slot].tag == Tag::kUnset) decline();
-    const Tok& t = memo_[slot];
+    const Tok t = memo_[slot];  // a copy: a glance may add to memo_
     if (t.tag == Tag::kGlobal && t.kind == GlobalKind::kDcpChunkStorageMetadata) [[unlikely]] {
       if (const std::size_t end = chunk_at(next)) return end;
     } else if (t.tag == Tag::kGlobal && (t.kind == GlobalKind::kDcpMetadataIndex || t.kind == GlobalKind::kDcpStorageInfo)) [[unlikely]] {
@@ -669,6 +765,7 @@ class DirectReader {
     return pickle::run_at(p0_, i, n_, run);
   }
   // Whether a GET wants any memo index in [first, first + count), count <= 64.
+  // (Guessing, words_ is empty: nothing a glance makes is kept, and a GET of it is a wrong guess.)
   bool referenced(std::uint64_t first, std::uint64_t count) const {
     for (std::uint64_t w = first >> 6; w <= (first + count - 1) >> 6 && w < words_->size(); ++w) {
       const std::uint64_t lo = std::max(first, w << 6) - (w << 6);
@@ -751,7 +848,7 @@ class DirectReader {
   // GET wants is kept; any other value a GET wants sends the object back to the opcodes), the
   // Size's ints and then the dict's run go to the arena where the opcodes would put them, and
   // build() reads the object from there as it reads any other.
-  std::size_t object_at(std::size_t i, const Tok& cls) {
+  std::size_t object_at(std::size_t i, const Tok cls) {
     static constexpr std::size_t kMaxValues = 8;
     if (puts_ || !run_at(i, kHead) || referenced(memo_count_, 2)) return 0;
     i += sizeof kHead;
@@ -763,8 +860,9 @@ class DirectReader {
     Tok* const values = storage.at;
     std::size_t n = 0;
     struct Kept {
-      std::size_t slot, value;
-    } kept[kMaxValues];  // strs a GET wants
+      std::uint64_t index;
+      std::size_t value;
+    } kept[kMaxValues];  // strs a GET wants (every memoized one, guessing)
     std::size_t n_kept = 0;
     std::int64_t ints[3];
     std::uint32_t rank = 0;
@@ -805,11 +903,7 @@ class DirectReader {
           i += 2 + len;
           if (i < n_ && p0_[i] == op::kMemoize) {
             ++i;
-            if (const std::size_t slot = memo_slot(memo); slot != kNoSlot) {  // as keep() marks a str
-              t.x = 1;
-              t.b = slot;
-              kept[n_kept++] = {slot, n};
-            }
+            if (guess_ || memo_slot(memo) != kNoSlot) kept[n_kept++] = {memo, n};
             ++memo;
           }
           break;
@@ -854,7 +948,17 @@ class DirectReader {
     i += sizeof kEnd;
     // What the opcodes would have left: the memo and its count, the dict's number, the object
     // on the stack, the Size's ints in the arena and the dict's items after them.
-    for (std::size_t k = 0; k < n_kept; ++k) memo_[kept[k].slot] = values[kept[k].value];
+    for (std::size_t k = 0; k < n_kept; ++k) {  // as keep() and guess_keep() mark and keep a str
+      Tok& t = values[kept[k].value];
+      t.x = 1;
+      if (guess_) {
+        t.b = guess_slot(kept[k].index);
+        memo_.push_back(t);
+      } else {
+        t.b = memo_slot(kept[k].index);
+        memo_[t.b] = t;
+      }
+    }
     memo_count_ = memo;
     Tok& o = emplace(Tag::kObject);  // made in place, as emplace() says
     o.kind = cls.kind;
@@ -1032,7 +1136,7 @@ class DirectReader {
       case Tag::kInt: return pickle::make_int(static_cast<std::int64_t>(t.a));
       case Tag::kStr: {
         if (t.x == 0) return pickle::make_str(std::string(view(t)));
-        if (shared_strs_.empty()) shared_strs_.resize(memo_.size());
+        if (t.b >= shared_strs_.size()) shared_strs_.resize(memo_.size());  // memo_ grows while guessing
         pickle::ValuePtr& v = shared_strs_[t.b];
         if (!v) v = pickle::make_str(std::string(view(t)));
         return v;
@@ -1218,9 +1322,19 @@ class DirectReader {
   std::vector<std::size_t> marks_;
   TokArena arena_;
   std::uint32_t pinned_ = 0;  ///< the arena the memo's tokens need
-  const std::vector<std::uint64_t>* words_ = nullptr;
+  const std::vector<std::uint64_t>* words_ = &no_words_;
   std::vector<std::uint32_t> rank_;  ///< per word of the referenced bitmap: referenced indices before it
-  std::vector<Tok> memo_;            ///< by memo_slot()
+  std::vector<Tok> memo_;            ///< by memo_slot(): the guessed tokens, then the exact ones
+  static inline const std::vector<std::uint64_t> no_words_;
+  // NOTE [The first pass beside the reader]
+  bool guess_ = false;
+  std::uint64_t guess_limit_ = 0;  ///< indices below it were guessed (all of them while guessing)
+  std::size_t guessed_ = 0;        ///< tokens kept by guessing, first in memo_
+  std::vector<std::uint64_t> kept_words_;  ///< the indices kept by guessing
+  std::vector<std::uint32_t> guess_rank_;  ///< as rank_, for kept_words_
+  const std::atomic<bool>* settled_ = nullptr;  ///< the first pass is done (while guessing)
+  const pickle::IndexSet* first_pass_ = nullptr;
+  std::uint64_t settle_at_ = 0;  ///< tests: settle at this offset instead
   bool puts_ = false;                ///< a BINPUT/LONG_BINPUT was met: set_ numbers MEMOIZE
   pickle::IndexSet set_;
   std::uint64_t memo_count_ = 0;
@@ -1261,18 +1375,72 @@ class DirectReader {
 
 }  // namespace
 
+// The largest .metadata whose first pass runs beside the reader (NOTE [The first pass beside the
+// reader]): the pages the first pass reads ahead of the reader stay mapped until the reader has
+// read them, and a wrong guess costs a second reading.
+constexpr std::size_t kBesideBelow = std::size_t{16} << 20;
+
 bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c,
-                              const std::function<void(std::uint64_t)>& release, DirectReadStats* stats) {
+                              const std::function<void(std::uint64_t)>& release, DirectReadStats* stats,
+                              const DirectReadOptions& options) {
   Checkpoint out;
-  out.root = c.root;
-  out.format = c.format;
+  auto fresh = [&] {
+    out = Checkpoint{};
+    out.root = c.root;
+    out.format = c.format;
+  };
+  fresh();
+  using FirstPass = DirectReadOptions::FirstPass;
+  const bool beside = options.first_pass == FirstPass::kAt ||
+                      (options.first_pass == FirstPass::kAuto && bytes.size() <= kBesideBelow && std::thread::hardware_concurrency() > 1);
   try {
-    pickle::ParseOptions scan;
-    scan.on_scanned = release;
-    const pickle::IndexSet referenced = pickle::referenced_memo(bytes, scan);
-    DirectReader reader(bytes, source, out, release);
-    reader.run(referenced);
-    if (stats) *stats = reader.stats();
+    if (!beside) {
+      pickle::ParseOptions scan;
+      scan.on_scanned = release;
+      const pickle::IndexSet referenced = pickle::referenced_memo(bytes, scan);
+      DirectReader reader(bytes, source, out, release);
+      reader.run(referenced);
+      if (stats) *stats = reader.stats();
+    } else {
+      pickle::IndexSet referenced;
+      std::atomic<bool> settled{false};
+      std::exception_ptr failed;
+      std::thread first;
+      if (options.first_pass == FirstPass::kAt) {
+        referenced = pickle::referenced_memo(bytes, pickle::ParseOptions{});
+        settled = true;
+      } else {
+        first = std::thread([&] {
+          try {
+            referenced = pickle::referenced_memo(bytes, pickle::ParseOptions{});  // no pages given back: the reader reads them next
+            settled.store(true, std::memory_order_release);
+          } catch (...) {
+            failed = std::current_exception();  // the reader guesses to the end, or this is thrown
+          }
+        });
+      }
+      struct Join {
+        std::thread& t;
+        ~Join() {
+          if (t.joinable()) t.join();
+        }
+      } join{first};
+      try {
+        DirectReader reader(bytes, source, out, release);
+        reader.run_beside(settled, referenced, options.settle_at);
+        if (stats) *stats = reader.stats();
+      } catch (const Reguess&) {
+        if (first.joinable()) first.join();
+        if (failed) std::rethrow_exception(failed);
+        fresh();
+        DirectReader reader(bytes, source, out, release);
+        reader.run(referenced);
+        if (stats) {
+          *stats = reader.stats();
+          stats->reguessed = true;
+        }
+      }
+    }
   } catch (const Decline&) {
     return false;
   } catch (const Error&) {  // the builder's: the tree reader says it, with the offset

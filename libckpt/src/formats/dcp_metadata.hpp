@@ -30,9 +30,26 @@ struct DirectReadStats {
   std::uint64_t chunks_at_a_glance = 0;
   std::uint64_t chunks_by_opcode = 0;
   std::uint64_t objects_at_a_glance = 0;
+  /// NOTE [The first pass beside the reader]: the memo indices below which the reader guessed
+  /// (0: it had the first pass's answer from the start), the tokens it kept guessing, and whether
+  /// a wrong guess made it read again.
+  std::uint64_t guessed_below = 0;
+  std::uint64_t guessed = 0;
+  bool reguessed = false;
+};
+/// How the direct reader gets the first pass's answer.
+struct DirectReadOptions {
+  enum class FirstPass : std::uint8_t {
+    kAuto,   ///< beside the reader, on another thread, for a .metadata up to 16 MiB; else first
+    kFirst,  ///< first, then the reader
+    kAt,     ///< tests: first, but the reader guesses until byte `settle_at` (0: not at all)
+  };
+  FirstPass first_pass = FirstPass::kAuto;
+  std::uint64_t settle_at = 0;
 };
 bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
-                              const std::function<void(std::uint64_t)>& release = {}, DirectReadStats* stats = nullptr);
+                              const std::function<void(std::uint64_t)>& release = {}, DirectReadStats* stats = nullptr,
+                              const DirectReadOptions& options = {});
 
 /// How two indexes differ (the first difference found, in words), or empty when they are the same:
 /// entries, chunks and their locations, files, notes, writer and planner_data. For tests and the

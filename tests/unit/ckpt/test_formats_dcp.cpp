@@ -66,21 +66,60 @@ pk::ValuePtr& first_key(const pk::ValuePtr& dict) { return std::get<pk::Dict>(di
 // NOTE [The direct .metadata reader]: reads `dir`'s .metadata with the direct reader and, when it
 // accepts, with the tree reader too, which must then succeed and give the same index. Returns
 // whether the direct reader accepted; `stats`, what it did with the chunks.
+// NOTE [The first pass beside the reader]: each reading is made with the first pass first, with
+// guessing settled at the start, at a third, at two thirds and never, and on its own thread: all
+// must accept or decline alike and give the same index. `stats`: the first-pass-first reading's.
 bool direct_reader_agrees(const std::filesystem::path& dir, ckpt::detail::DirectReadStats* stats = nullptr) {
+  using Options = ckpt::detail::DirectReadOptions;
   const auto bytes = read_all(dir / ".metadata");
   ckpt::Checkpoint direct;
   direct.root = dir;
   direct.format = ckpt::Format::kDcp;
   ckpt::Checkpoint tree = direct;
-  const bool accepted = ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct, {}, stats);
+  const ckpt::Checkpoint blank = direct;
+  INFO(dir.string());
+  const bool accepted = ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", direct, {}, stats, Options{Options::FirstPass::kFirst});
+  for (const Options o : {Options{Options::FirstPass::kAt, 0}, Options{Options::FirstPass::kAt, bytes.size() / 3},
+                          Options{Options::FirstPass::kAt, 2 * bytes.size() / 3}, Options{Options::FirstPass::kAt, bytes.size() + 1},
+                          Options{Options::FirstPass::kAuto}}) {
+    INFO("settled at " << o.settle_at << (o.first_pass == Options::FirstPass::kAuto ? " (beside)" : ""));
+    ckpt::Checkpoint again = blank;
+    CHECK(ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", again, {}, nullptr, o) == accepted);
+    if (accepted) CHECK(ckpt::detail::index_difference(direct, again) == "");
+  }
   if (!accepted) {
     CHECK(direct.tensors.empty());  // declining touches nothing
     return false;
   }
-  INFO(dir.string());
   REQUIRE_NOTHROW(ckpt::detail::read_dcp_metadata_tree(bytes, ".metadata", tree));
   CHECK(ckpt::detail::index_difference(direct, tree) == "");
   return true;
+}
+
+// Makes the MetadataIndex of entry `entry`'s (named `fqn`) second chunk share that chunk's offsets
+// Size, as one process's save does: the pickler then writes a GET of it.
+void share_offsets(const std::filesystem::path& dir, std::size_t entry, const std::string& fqn) {
+  edit_metadata(dir, [&](pk::ValuePtr& root) {
+    const auto& entries = std::get<pk::Dict>(field(root, "state_dict_metadata")->payload).items;
+    pk::ValuePtr chunk = std::get<pk::List>(field(entries.at(entry).second, "chunks")->payload).items.at(1);
+    for (auto& [index, info] : std::get<pk::Dict>(field(root, "storage_data")->payload).items) {
+      if (*field(index, "fqn")->str() == fqn && pk::repr(*field(index, "offset")) == pk::repr(*field(chunk, "offsets"))) {
+        field(index, "offset") = field(chunk, "offsets");
+      }
+    }
+  });
+}
+
+// The guessing reading of `dir`'s .metadata, never settled: what it kept, and whether it read again.
+ckpt::detail::DirectReadStats guessing(const std::filesystem::path& dir) {
+  using Options = ckpt::detail::DirectReadOptions;
+  const auto bytes = read_all(dir / ".metadata");
+  ckpt::Checkpoint c;
+  c.root = dir;
+  c.format = ckpt::Format::kDcp;
+  ckpt::detail::DirectReadStats stats;
+  CHECK(ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", c, {}, &stats, Options{Options::FirstPass::kAt, bytes.size() + 1}));
+  return stats;
 }
 
 }  // namespace
@@ -397,6 +436,10 @@ TEST_CASE("the direct .metadata reader reads what the tree reader reads, or decl
       CHECK(stats.chunks_by_opcode == 2);
       // storage_data's objects but the first pair and the MetadataIndex of the 0-d step
       CHECK(stats.objects_at_a_glance == 2 * (stats.chunks_at_a_glance + stats.chunks_by_opcode + 2) - 3);
+      // Guessed to the end: right (no second reading), with every str, global and memory format kept.
+      const auto guessed = guessing(testdata(name));
+      CHECK_FALSE(guessed.reguessed);
+      CHECK(guessed.guessed > 50);
     }
   }
   SECTION("chunks read at a glance where the pickle has the common shape, opcode by opcode elsewhere") {
@@ -422,19 +465,20 @@ TEST_CASE("the direct .metadata reader reads what the tree reader reads, or decl
     // classes and fields) and the MetadataIndex of model.c (0-d offsets) and of model.d (4-d).
     CHECK(stats.objects_at_a_glance == 9);
     // model.a's second offsets shared with its MetadataIndex: the pickler GETs the chunk's Size.
-    edit_metadata(dir.path(), [](pk::ValuePtr& root) {
-      pk::ValuePtr chunk = std::get<pk::List>(field(first_value(field(root, "state_dict_metadata")), "chunks")->payload).items.at(1);
-      for (auto& [index, info] : std::get<pk::Dict>(field(root, "storage_data")->payload).items) {
-        if (*field(index, "fqn")->str() == "model.a" && pk::repr(*field(index, "offset")) == pk::repr(*field(chunk, "offsets"))) {
-          field(index, "offset") = field(chunk, "offsets");
-        }
-      }
-    });
+    share_offsets(dir.path(), 0, "model.a");
     stats = {};
     CHECK(direct_reader_agrees(dir.path(), &stats));
     CHECK(stats.chunks_at_a_glance == 2);
     CHECK(stats.chunks_by_opcode == 5);
     CHECK(stats.objects_at_a_glance == 9);  // the shared Size is a GET, which a glance takes
+    // Guessing keeps no Size (it needs the arena): the GET of it is a wrong guess, read again.
+    CHECK(guessing(dir.path()).reguessed);
+    // The same for a Size made opcode by opcode (model.d's 4-d offsets).
+    TestDir four;
+    ckpt::write_dcp(four.path(), t, {}, opts);
+    share_offsets(four.path(), 3, "model.d");
+    CHECK(direct_reader_agrees(four.path()));
+    CHECK(guessing(four.path()).reguessed);
     // A negative offset (a BININT) in a chunk of the common shape: refused by the tree reader,
     // declined by the direct one.
     edit_metadata(dir.path(), [](pk::ValuePtr& root) {
