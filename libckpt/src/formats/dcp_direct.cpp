@@ -545,13 +545,18 @@ class DirectReader {
     std::string_view text;
     std::uint64_t at = 0;  ///< where a str with this text was last found (0: not yet)
   };
+  // Whether `key` is the str `name` (a glance asks too).
+  bool named(const Tok& key, Name& name) const {
+    if (key.tag != Tag::kStr) return false;
+    if ((key.a == name.at && name.at != 0) || view(key) == name.text) {
+      name.at = key.a;
+      return true;
+    }
+    return false;
+  }
   const Tok* field(const Tok& dict, Name& name) const {
     for (std::size_t k = 0; k < dict.n; k += 2) {
-      const Tok& key = item(dict, k);
-      if ((key.a == name.at && name.at != 0) || view(key) == name.text) {
-        name.at = key.a;
-        return &item(dict, k + 1);
-      }
+      if (named(item(dict, k), name)) return &item(dict, k + 1);
     }
     return nullptr;
   }
@@ -752,14 +757,6 @@ class DirectReader {
     std::size_t slot = kNoSlot;
   };
   mutable std::array<GetWay, 16> get_ways_{};
-  bool named(const Tok& key, Name& name) const {
-    if (key.tag != Tag::kStr) return false;
-    if ((key.a == name.at && name.at != 0) || view(key) == name.text) {
-      name.at = key.a;
-      return true;
-    }
-    return false;
-  }
   template <std::size_t N>
   bool run_at(std::size_t i, const std::uint8_t (&run)[N]) const {
     return pickle::run_at(p0_, i, n_, run);
