@@ -397,17 +397,20 @@ class DirectReader {
     if (guess_) return guess_keep();
     if (const std::size_t slot = memo_slot(index); slot != kNoSlot) keep(slot);
   }
+  // What a GET may share: values nothing changes after they are made.
+  static bool shareable(Tag tag) {
+    switch (tag) {
+      case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
+      case Tag::kGlobal: case Tag::kTuple: case Tag::kOther: case Tag::kSize: case Tag::kProps:
+        return true;
+      default: return false;
+    }
+  }
   // Guessing: what keep() would keep, when it needs no arena (index == memo_count_ - 1).
   [[gnu::noinline]] void guess_keep() {
     if (puts_) reguess();  // PUTs number the memo out of order
     Tok& t = stack_.back();
-    switch (t.tag) {
-      case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
-      case Tag::kGlobal: case Tag::kTuple: case Tag::kOther: case Tag::kSize: case Tag::kProps:
-        if (t.end == 0) break;
-        [[fallthrough]];
-      default: return;  // not kept: a GET of it is a wrong guess
-    }
+    if (!shareable(t.tag) || t.end != 0) return;  // not kept: a GET of it is a wrong guess
     const std::size_t slot = guess_slot(memo_count_ - 1);
     if (t.tag == Tag::kStr && t.x == 0) {
       t.x = 1;
@@ -431,12 +434,7 @@ class DirectReader {
     // by slot). No pickler does it; the tree reader reads it.
     if (memo_[slot].tag != Tag::kUnset) decline();
     Tok& t = stack_.back();
-    switch (t.tag) {  // what a GET may share: values nothing changes after it is made
-      case Tag::kNone: case Tag::kBool: case Tag::kInt: case Tag::kFloat: case Tag::kStr: case Tag::kBytes:
-      case Tag::kGlobal: case Tag::kTuple: case Tag::kOther: case Tag::kSize: case Tag::kProps:
-        break;
-      default: decline();
-    }
+    if (!shareable(t.tag)) decline();
     if (t.tag == Tag::kStr && t.x == 0) {  // may be shared: tree() makes one node of it, by b
       t.x = 1;
       t.b = slot;
