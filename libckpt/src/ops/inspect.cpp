@@ -70,6 +70,18 @@ void pretty(const pickle::Value& v, std::ostream& out, int indent) {
   out << escape_name(pickle::repr(v, 400));
 }
 
+// `name` as escape_name() shows it: `name` itself when nothing in it needs escaping (the rule for
+// nearly every name), else escape_name(name) in `scratch`.
+std::string_view escaped(std::string_view name, std::string& scratch) {
+  const bool plain = std::all_of(name.begin(), name.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c >= 0x20 && c < 0x7f && c != '\\';
+  });
+  if (plain) return name;
+  scratch = escape_name(name);
+  return scratch;
+}
+
 void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& out) {
   const auto tensors = sorted_tensors(c, opt.tensor_glob);
   const auto objects = sorted_objects(c, opt.tensor_glob);
@@ -101,18 +113,28 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
     for (const auto& n : c.notes) out << "note:      " << escape_name(n) << "\n";
     out << "\n";
   }
+  std::string scratch;
   std::size_t w = 4;
-  for (auto* t : tensors) w = std::max(w, detail::text_width(escape_name(t->name)));
-  for (auto* o : objects) w = std::max(w, detail::text_width(escape_name(o->name)));
+  for (auto* t : tensors) w = std::max(w, detail::text_width(escaped(t->name, scratch)));
+  for (auto* o : objects) w = std::max(w, detail::text_width(escaped(o->name, scratch)));
   out << pad("NAME", w) << pad("KIND", 6) << pad("DTYPE", 10) << pad("SHAPE", 16) << pad("NUMEL", 12) << pad("BYTES", 12)
       << "CHUNKS\n";
-  // Tensors and objects in one name order.
+  // Tensors and objects in one name order. A tensor's row is made in `row`, reused.
+  std::string row;
   std::size_t i = 0, j = 0;
   while (i < tensors.size() || j < objects.size()) {
     if (j == objects.size() || (i < tensors.size() && tensors[i]->name <= objects[j]->name)) {
       const TensorEntry& t = *tensors[i++];
-      out << pad(escape_name(t.name), w) << pad("tensor", 6) << pad(std::string(name(t.dtype)), 10) << pad(shape_text(t.shape), 16)
-          << pad(std::to_string(t.numel()), 12) << pad(std::to_string(t.nbytes()), 12) << t.chunks.size() << "\n";
+      row.clear();
+      detail::append_padded(row, escaped(t.name, scratch), w);
+      detail::append_padded(row, "tensor", 6);
+      detail::append_padded(row, name(t.dtype), 10);
+      detail::append_padded(row, shape_text(t.shape), 16);
+      detail::append_padded(row, std::to_string(t.numel()), 12);
+      detail::append_padded(row, std::to_string(t.nbytes()), 12);
+      row += std::to_string(t.chunks.size());
+      row += '\n';
+      out << row;
       if (!opt.tensor_glob.empty()) {
         for (const Chunk& ch : t.chunks) {
           out << "    offsets " << shape_text(ch.offsets) << " sizes " << shape_text(ch.sizes);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ckpt::detail {
@@ -19,14 +20,22 @@ inline std::string shape_text(std::span<const std::int64_t> shape) {
 }
 
 /// Display width in code points, so that non-ASCII names line up.
-inline std::size_t text_width(const std::string& t) {
+inline std::size_t text_width(std::string_view t) {
   return static_cast<std::size_t>(
       std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xc0) != 0x80; }));
 }
 
-inline std::string pad(const std::string& t, std::size_t n) {
+/// Appends `t` and the spaces that make it a column `n` wide, and one more between columns.
+inline void append_padded(std::string& out, std::string_view t, std::size_t n) {
   const std::size_t w = text_width(t);
-  return w >= n ? t + " " : t + std::string(n - w + 1, ' ');
+  out.append(t);
+  out.append(w >= n ? 1 : n - w + 1, ' ');
+}
+
+inline std::string pad(const std::string& t, std::size_t n) {
+  std::string out;
+  append_padded(out, t, n);
+  return out;
 }
 
 /// Shell-style glob ('*', '?', '[...]'); an empty pattern matches everything.
