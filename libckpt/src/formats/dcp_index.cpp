@@ -115,12 +115,17 @@ bool DcpIndexBuilder::place(std::string_view fqn, bool tensor, const Dims& offse
   return false;
 }
 
-// storage_data lists each rank's items in the order of the entries, as a rule: the tensor placed
-// last, and the one after it, are tried before the table. Names are unique among all entries, so
-// a tensor of that name is the one the table would give.
+// storage_data lists each rank's items in the order of the entries, as a rule (a rank holds one
+// chunk of each tensor): the tensor after the one placed last, and that one, are tried before the
+// table. Names are unique among all entries, so a tensor of that name is the one the table would
+// give. Neighbours' names mostly share a long prefix: their ends are compared first.
 std::optional<DcpIndexBuilder::Placed> DcpIndexBuilder::find_entry(std::string_view fqn) {
-  for (const std::size_t i : {last_tensor_, last_tensor_ + 1}) {
-    if (i < c_.tensors.size() && c_.tensors[i].name == fqn) {
+  auto same = [&](const std::string& name) {
+    const std::size_t n = name.size();
+    return n == fqn.size() && (n == 0 || name[n - 1] == fqn[n - 1]) && std::string_view(name) == fqn;
+  };
+  for (const std::size_t i : {last_tensor_ + 1, last_tensor_}) {
+    if (i < c_.tensors.size() && same(c_.tensors[i].name)) {
       last_tensor_ = i;
       return Placed{true, i};
     }
