@@ -4,7 +4,9 @@
 // internally; the direct reader must decline whatever the tree reader refuses, and read whatever
 // it accepts into the very index the tree reader builds, whether it has the first pass's answer
 // from the start or guesses until the middle of the input or to its end (NOTE [The first pass
-// beside the reader]; settled at fixed offsets here, so that a run repeats).
+// beside the reader]; settled at fixed offsets here, so that a run repeats), and once more with
+// the first pass and the index builder on their own thread, as inspect reads (NOTE [The builder
+// beside the reader]): whenever that thread settles, the answer must be the same.
 #include <cstddef>
 #include <cstdint>
 
@@ -25,6 +27,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       __builtin_trap();
     }
     if (accepted && !ckpt::detail::index_difference(direct, guessed).empty()) __builtin_trap();
+  }
+  {
+    ckpt::Checkpoint beside;
+    beside.root = direct.root;
+    if (ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", beside, {}, nullptr, Options{Options::FirstPass::kAuto}) != accepted) {
+      __builtin_trap();
+    }
+    if (accepted && !ckpt::detail::index_difference(direct, beside).empty()) __builtin_trap();
   }
   try {
     ckpt::detail::read_dcp_metadata_tree(bytes, ".metadata", tree);

@@ -242,7 +242,8 @@ int readers(const std::filesystem::path& dir) {
   std::cout << "both readers: " << tree.tensors.size() << " tensors, " << tree.objects.size() << " objects, the same index ("
             << stats.chunks_at_a_glance << " chunks read at a glance, " << stats.chunks_by_opcode << " by opcode; "
             << stats.objects_at_a_glance << " storage objects at a glance; the memo guessed below index " << stats.guessed_below << ", "
-            << stats.guessed << " tokens kept" << (stats.reguessed ? ", guessed wrong and read again" : "") << ")\n";
+            << stats.guessed << " tokens kept" << (stats.reguessed ? ", guessed wrong and read again" : "") << "; "
+            << stats.batches_beside << " of " << stats.batches << " batches built beside)\n";
   return 0;
 }
 

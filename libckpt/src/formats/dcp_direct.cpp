@@ -22,9 +22,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <thread>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "ckpt/error.hpp"
 #include "formats/dcp_index.hpp"
@@ -165,15 +168,161 @@ class TokArena {
   std::size_t size_ = 0;
 };
 
+// NOTE [The builder beside the reader]: placing storage_data's items in the index (finding each
+// item's tensor by name and its chunk by offsets) is a fifth of the reading's time, and needs
+// nothing back: the reader hands the builder its pairs a batch (one SETITEMS) at a time. When the
+// first pass runs beside the reader, the same thread then takes the batches, in order, while the
+// reader reads on; else the reader runs each batch itself as it hands it over. The builder's other
+// calls stay the reader's: file_index() and layout() (their answers go into the batches), and
+// root()'s finish() and set_writer(), after drain() has seen every batch taken. A batch the
+// builder refuses stops it; the reader gets the builder's own exception at its next hand-over or
+// at drain(), as it would have from the call. Until the reader is done with the feed (drain(), or
+// close() when it stops early) the builder's Checkpoint members are the builder thread's: the
+// reader touches only Checkpoint::files (file_index()) until drain(). At most kQueued batches
+// wait, so that a builder behind the reader (its thread is on the first pass at first) holds a
+// few batches, not all of storage_data. The TensorEntries stay the reader's to make: made on the
+// builder's thread, their memory came from a second malloc arena, and peak RSS grew by 4-10 MiB.
+class BuilderFeed {
+ public:
+  struct Entry {
+    TensorEntry t;  ///< t.name is the FQN
+    bool bytes = false;  ///< a BytesStorageMetadata: only t.name counts
+  };
+  struct Storage {
+    std::string_view fqn;  ///< in the .metadata bytes
+    bool tensor = false;
+    Dims offsets;
+    ChunkLocation loc;
+  };
+  struct Batch {
+    std::vector<Entry> entries;
+    std::vector<Storage> storage;
+  };
+
+  explicit BuilderFeed(bool beside) : beside_(beside) {}
+
+  /// The builder the batches go to; before the first hand_over().
+  void attach(DcpIndexBuilder& b) { builder_ = &b; }
+  /// An empty batch to fill (one taken before, when there is one: its vectors keep their room).
+  Batch take() {
+    std::lock_guard lock(m_);
+    if (spare_.empty()) return {};
+    Batch b = std::move(spare_.back());
+    spare_.pop_back();
+    return b;
+  }
+  void hand_over(Batch b) {
+    ++batches_;
+    if (!beside_) {
+      run(b);
+      return give_back(std::move(b));
+    }
+    std::unique_lock lock(m_);
+    room_.wait(lock, [&] { return queue_.size() < kQueued || failed_; });
+    if (failed_) std::rethrow_exception(failed_);
+    queue_.push_back(std::move(b));
+    work_.notify_one();
+  }
+  /// Waits until the builder has taken every batch; throws what it threw.
+  void drain() {
+    std::unique_lock lock(m_);
+    idle_.wait(lock, [&] { return (queue_.empty() && !busy_) || failed_; });
+    if (failed_) std::rethrow_exception(failed_);
+  }
+  /// Stops the builder (batches not taken are dropped) and waits until it is not running one.
+  void close() {
+    std::unique_lock lock(m_);
+    closed_ = true;
+    queue_.clear();
+    work_.notify_one();
+    idle_.wait(lock, [&] { return !busy_; });
+  }
+  /// The other thread: runs the batches until close().
+  void serve() {
+    std::unique_lock lock(m_);
+    while (true) {
+      work_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+      if (closed_) return;
+      Batch b = std::move(queue_.front());
+      queue_.pop_front();
+      room_.notify_one();
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        run(b);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      clear(b);
+      lock.lock();
+      ++beside_batches_;
+      spare_.push_back(std::move(b));
+      busy_ = false;
+      if (failed) {
+        failed_ = failed;
+        queue_.clear();
+        room_.notify_one();
+      }
+      idle_.notify_all();
+    }
+  }
+  std::uint64_t batches() const { return batches_; }
+  std::uint64_t batches_beside() {
+    std::lock_guard lock(m_);
+    return beside_batches_;
+  }
+
+ private:
+  void run(Batch& b) {
+    for (Entry& e : b.entries) {
+      if (e.bytes) {
+        builder_->add_bytes(e.t.name, 0);
+      } else {
+        builder_->add_tensor(std::move(e.t), 0);
+      }
+    }
+    for (Storage& s : b.storage) builder_->add_storage(s.fqn, s.tensor, std::move(s.offsets), std::move(s.loc), 0);
+  }
+  static void clear(Batch& b) {
+    b.entries.clear();
+    b.storage.clear();
+  }
+  void give_back(Batch b) {
+    clear(b);
+    std::lock_guard lock(m_);
+    spare_.push_back(std::move(b));
+  }
+
+  static constexpr std::size_t kQueued = 8;
+  const bool beside_;
+  DcpIndexBuilder* builder_ = nullptr;
+  std::uint64_t batches_ = 0;  ///< the reader's
+  std::mutex m_;
+  std::condition_variable work_, room_, idle_;
+  std::deque<Batch> queue_;
+  std::vector<Batch> spare_;
+  bool busy_ = false, closed_ = false;
+  std::exception_ptr failed_;
+  std::uint64_t beside_batches_ = 0;
+};
+
 class DirectReader {
  public:
   DirectReader(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c,
-               const std::function<void(std::uint64_t)>& release)
-      : p0_(reinterpret_cast<const std::uint8_t*>(bytes.data())), n_(bytes.size()), release_(release), c_(c), b_(source, c) {}
+               const std::function<void(std::uint64_t)>& release, BuilderFeed& feed)
+      : p0_(reinterpret_cast<const std::uint8_t*>(bytes.data())), n_(bytes.size()), release_(release), c_(c), b_(source, c), feed_(feed) {
+    feed_.attach(b_);
+  }
+  DirectReader(const DirectReader&) = delete;
+  DirectReader& operator=(const DirectReader&) = delete;
+  ~DirectReader() { feed_.close(); }  // the builder is b_: it stops before b_ goes
 
   const DirectReadStats& stats() {
     stats_.guessed = guessed_ + (guess_ ? memo_.size() : 0);
     stats_.guessed_below = guess_ ? memo_count_ : guess_limit_;
+    stats_.batches = feed_.batches();
+    stats_.batches_beside = feed_.batches_beside();
     return stats_;
   }
 
@@ -552,23 +701,34 @@ class DirectReader {
     }
     return false;
   }
-  const Tok* field(const Tok& dict, Name& name) const {
+  // A dict's pairs (key, value, ...): its run in the arena, or the values a glance read.
+  struct Pairs {
+    const Tok* p;
+    std::size_t n;
+  };
+  Pairs pairs(const Tok& dict) const { return {dict.n ? &item(dict, 0) : nullptr, dict.n}; }
+  const Tok* field(Pairs dict, Name& name) const {
     for (std::size_t k = 0; k < dict.n; k += 2) {
-      if (named(item(dict, k), name)) return &item(dict, k + 1);
+      if (named(dict.p[k], name)) return &dict.p[k + 1];
     }
     return nullptr;
   }
-  const Tok& need_field(const Tok& dict, Name& name) const {
+  const Tok* field(const Tok& dict, Name& name) const { return field(pairs(dict), name); }
+  const Tok& need_field(Pairs dict, Name& name) const {
     const Tok* f = field(dict, name);
     if (!f) decline();
     return *f;
   }
+  const Tok& need_field(const Tok& dict, Name& name) const { return need_field(pairs(dict), name); }
   static bool seq(const Tok& t) { return t.tag == Tag::kTuple || t.tag == Tag::kList; }
+  static void check_keys(Pairs dict) {
+    for (std::size_t k = 0; k < dict.n; k += 2) {
+      if (dict.p[k].tag != Tag::kStr) decline();
+    }
+  }
   void check_fields(const Tok& state) const {
     if (state.tag != Tag::kDict) decline();
-    for (std::size_t k = 0; k < state.n; k += 2) {
-      if (item(state, k).tag != Tag::kStr) decline();
-    }
+    check_keys(pairs(state));
   }
   // A torch.Size or a plain sequence of non-negative ints: where its ints are, and how many.
   std::pair<std::uint64_t, std::uint32_t> dims(const Tok& t) const {
@@ -587,6 +747,53 @@ class DirectReader {
   std::int64_t nonneg(const Tok& t) const {
     if (t.tag != Tag::kInt || static_cast<std::int64_t>(t.a) < 0) decline();
     return static_cast<std::int64_t>(t.a);
+  }
+
+  // storage_data's two classes, from their state's pairs (build() gives a dict's run in the arena;
+  // object_at() the values it read, NOTE [An object at a glance]); depth is the caller's.
+  Tok metadata_index(Pairs state) const {
+    const Tok& fqn = need_field(state, names_.fqn);
+    if (fqn.tag != Tag::kStr) decline();
+    Tok r;
+    r.tag = Tag::kIndex;
+    r.a = fqn.a;
+    r.n = fqn.n;
+    r.x = kNoOffsets;
+    if (const Tok* off = field(state, names_.offset); off && off->tag != Tag::kNone) {
+      const auto [at, rank] = dims(*off);
+      r.b = at;
+      r.x = rank;
+      r.end = rank ? static_cast<std::uint32_t>(at + rank) : 0;
+    }
+    return r;
+  }
+  Tok storage_info(Pairs state) {
+    const Tok& path = need_field(state, names_.relative_path);
+    if (path.tag != Tag::kStr) decline();
+    const auto off = static_cast<std::uint64_t>(nonneg(need_field(state, names_.offset)));
+    const auto len = static_cast<std::uint64_t>(nonneg(need_field(state, names_.length)));
+    if (off + len < off) decline();
+    Tok r;
+    r.tag = Tag::kInfo;
+    // Its file is looked up now: _StorageInfo objects are built in the order of their pairs,
+    // so files are numbered as the tree reader numbers them (root() checks they were all taken).
+    r.n = b_.file_index(view(path), 0);
+    r.a = off;
+    r.b = len;
+    ++infos_;
+    if (const Tok* td = field(state, names_.transform_descriptors); td && td->tag != Tag::kNone) {
+      if (!seq(*td)) decline();
+      std::vector<std::string> list;
+      for (std::size_t k = 0; k < td->n; ++k) {
+        if (item(*td, k).tag != Tag::kStr) decline();
+        list.emplace_back(view(item(*td, k)));
+      }
+      if (!list.empty()) {
+        if (transforms_.empty() || transforms_.back() != list) transforms_.push_back(std::move(list));
+        r.x = static_cast<std::uint32_t>(transforms_.size());
+      }
+    }
+    return r;
   }
 
   void build() {
@@ -656,50 +863,16 @@ class DirectReader {
         r.b = rg && rg->tag == Tag::kBool ? rg->a : 0;
         break;
       }
-      case GlobalKind::kDcpMetadataIndex: {
+      case GlobalKind::kDcpMetadataIndex:
         check_fields(state);
-        const Tok& fqn = need_field(state, names_.fqn);
-        if (fqn.tag != Tag::kStr) decline();
-        r.tag = Tag::kIndex;
-        r.a = fqn.a;
-        r.n = fqn.n;
-        r.x = kNoOffsets;
-        if (const Tok* off = field(state, names_.offset); off && off->tag != Tag::kNone) {
-          const auto [at, rank] = dims(*off);
-          r.b = at;
-          r.x = rank;
-          r.end = rank ? static_cast<std::uint32_t>(at + rank) : 0;
-        }
+        r = metadata_index(pairs(state));
+        r.depth = depth;
         break;
-      }
-      case GlobalKind::kDcpStorageInfo: {
+      case GlobalKind::kDcpStorageInfo:
         check_fields(state);
-        const Tok& path = need_field(state, names_.relative_path);
-        if (path.tag != Tag::kStr) decline();
-        const auto off = static_cast<std::uint64_t>(nonneg(need_field(state, names_.offset)));
-        const auto len = static_cast<std::uint64_t>(nonneg(need_field(state, names_.length)));
-        if (off + len < off) decline();
-        r.tag = Tag::kInfo;
-        // Its file is looked up now: _StorageInfo objects are built in the order of their pairs,
-        // so files are numbered as the tree reader numbers them (root() checks they were all taken).
-        r.n = b_.file_index(view(path), 0);
-        r.a = off;
-        r.b = len;
-        ++infos_;
-        if (const Tok* td = field(state, names_.transform_descriptors); td && td->tag != Tag::kNone) {
-          if (!seq(*td)) decline();
-          std::vector<std::string> list;
-          for (std::size_t k = 0; k < td->n; ++k) {
-            if (item(*td, k).tag != Tag::kStr) decline();
-            list.emplace_back(view(item(*td, k)));
-          }
-          if (!list.empty()) {
-            if (transforms_.empty() || transforms_.back() != list) transforms_.push_back(std::move(list));
-            r.x = static_cast<std::uint32_t>(transforms_.size());
-          }
-        }
+        r = storage_info(pairs(state));
+        r.depth = depth;
         break;
-      }
       case GlobalKind::kDcpBytesStorageMetadata:
         // Its state is not read (it has no fields); it stays an object, now built.
         o.b = 1;
@@ -955,28 +1128,24 @@ class DirectReader {
       }
     }
     memo_count_ = memo;
-    Tok& o = emplace(Tag::kObject);  // made in place, as emplace() says
-    o.kind = cls.kind;
-    o.a = cls.a;
-    o.depth = 1;  // as newobj() counts a class with an empty tuple
     if (size_value != kMaxValues) {
       Tok& size = values[size_value];
       size.a = arena_end();
       arena_.append_ints(ints, rank);
       size.end = arena_end();
     }
-    std::uint16_t depth = 0;
-    for (std::size_t k = 0; k < n; ++k) depth = std::max(depth, deeper(0, values[k]));
-    const std::uint32_t run = arena_end();
-    arena_.append(values, values + n);
-    Tok& d = emplace(Tag::kDict);
-    d.b = ++dicts_;
-    d.a = run;
-    d.n = static_cast<std::uint32_t>(n);
-    d.depth = depth;
-    d.end = arena_end();
-    retop();
-    build();
+    // build() without the object and its dict on the stack, or the dict's run in the arena:
+    // the same checks, the same token, and the same dict number taken.
+    Tok state;
+    state.tag = Tag::kDict;
+    for (std::size_t k = 0; k < n; ++k) state.depth = std::max(state.depth, deeper(0, values[k]));
+    ++dicts_;
+    const Pairs pairs{values, n};
+    check_keys(pairs);
+    Tok r = cls.kind == GlobalKind::kDcpMetadataIndex ? metadata_index(pairs) : storage_info(pairs);
+    r.depth = deeper(1, state);  // the object's: newobj() counts 1 for a class with an empty tuple
+    push(r);
+    collect();
     ++stats_.objects_at_a_glance;
     return i;
   }
@@ -1018,34 +1187,39 @@ class DirectReader {
     if (d.x != use) decline();
     if (owner == 0) owner = d.b;
     if (owner != d.b) decline();
+    // To the builder, a batch at a time (NOTE [The builder beside the reader]).
+    BuilderFeed::Batch batch = feed_.take();
     for (std::size_t k = from; k < stack_.size(); k += 2) {
       const Tok& key = stack_[k];
       const Tok& value = stack_[k + 1];
       if (entries) {
         if (key.tag != Tag::kStr) decline();
         if (value.tag == Tag::kTensor) {
-          TensorEntry t = std::move(tensors_[value.a]);
-          t.name = view(key);
-          b_.add_tensor(std::move(t), 0);
+          BuilderFeed::Entry& e = batch.entries.emplace_back(BuilderFeed::Entry{std::move(tensors_[value.a])});
+          e.t.name = view(key);
           --tensors_live_;
         } else if (value.tag == Tag::kObject && value.kind == GlobalKind::kDcpBytesStorageMetadata) {
-          b_.add_bytes(std::string(view(key)), 0);
+          BuilderFeed::Entry& e = batch.entries.emplace_back();
+          e.t.name = view(key);
+          e.bytes = true;
         } else {
           decline();
         }
       } else {
         if (key.tag != Tag::kIndex || value.tag != Tag::kInfo) decline();
-        ChunkLocation loc;
-        loc.encoding = ChunkEncoding::kTorchSaveItem;
-        loc.file = value.n;
-        loc.offset = value.a;
-        loc.length = value.b;
+        BuilderFeed::Storage& st = batch.storage.emplace_back();
+        st.fqn = view(key);
+        st.tensor = key.x != kNoOffsets;
+        if (st.tensor) st.offsets = dims_value(key.b, key.x);
+        st.loc.encoding = ChunkEncoding::kTorchSaveItem;
+        st.loc.file = value.n;
+        st.loc.offset = value.a;
+        st.loc.length = value.b;
         --infos_;
-        if (value.x) loc.layout = b_.layout(transforms_[value.x - 1]);
-        const bool tensor = key.x != kNoOffsets;
-        b_.add_storage(view(key), tensor, tensor ? dims_value(key.b, key.x) : Dims{}, std::move(loc), 0);
+        if (value.x) st.loc.layout = b_.layout(transforms_[value.x - 1]);
       }
     }
+    feed_.hand_over(std::move(batch));
     shrink(from);
     if (tensors_live_ == 0) tensors_.clear();
     collect();
@@ -1085,6 +1259,7 @@ class DirectReader {
   Tok root(const Tok& o, const Tok& state) {
     if (root_done_) decline();
     root_done_ = true;
+    feed_.drain();  // the builder's Checkpoint members are the reader's again
     check_fields(state);
     static constexpr std::string_view kKnown[] = {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"};
     for (std::size_t k = 0; k < state.n; k += 2) {
@@ -1313,6 +1488,7 @@ class DirectReader {
   const std::function<void(std::uint64_t)>& release_;
   Checkpoint& c_;
   DcpIndexBuilder b_;
+  BuilderFeed& feed_;
   TokStack stack_;
   std::vector<std::size_t> marks_;
   TokArena arena_;
@@ -1393,7 +1569,8 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
       pickle::ParseOptions scan;
       scan.on_scanned = release;
       const pickle::IndexSet referenced = pickle::referenced_memo(bytes, scan);
-      DirectReader reader(bytes, source, out, release);
+      BuilderFeed feed(false);
+      DirectReader reader(bytes, source, out, release, feed);
       reader.run(referenced);
       if (stats) *stats = reader.stats();
     } else {
@@ -1401,7 +1578,9 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
       std::atomic<bool> settled{false};
       std::exception_ptr failed;
       std::thread first;
-      if (options.first_pass == FirstPass::kAt) {
+      const bool threaded = options.first_pass != FirstPass::kAt;
+      BuilderFeed feed(threaded);  // NOTE [The builder beside the reader]
+      if (!threaded) {
         referenced = pickle::referenced_memo(bytes, pickle::ParseOptions{});
         settled = true;
       } else {
@@ -1412,23 +1591,28 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
           } catch (...) {
             failed = std::current_exception();  // the reader guesses to the end, or this is thrown
           }
+          feed.serve();
         });
       }
       struct Join {
         std::thread& t;
+        BuilderFeed& feed;
         ~Join() {
+          feed.close();
           if (t.joinable()) t.join();
         }
-      } join{first};
+      } join{first, feed};
       try {
-        DirectReader reader(bytes, source, out, release);
+        DirectReader reader(bytes, source, out, release, feed);
         reader.run_beside(settled, referenced, options.settle_at);
         if (stats) *stats = reader.stats();
       } catch (const Reguess&) {
+        feed.close();
         if (first.joinable()) first.join();
         if (failed) std::rethrow_exception(failed);
         fresh();
-        DirectReader reader(bytes, source, out, release);
+        BuilderFeed again(false);
+        DirectReader reader(bytes, source, out, release, again);
         reader.run(referenced);
         if (stats) {
           *stats = reader.stats();

@@ -36,6 +36,10 @@ struct DirectReadStats {
   std::uint64_t guessed_below = 0;
   std::uint64_t guessed = 0;
   bool reguessed = false;
+  /// NOTE [The builder beside the reader]: batches of pairs the index builder took on the other
+  /// thread, and all it took.
+  std::uint64_t batches_beside = 0;
+  std::uint64_t batches = 0;
 };
 /// How the direct reader gets the first pass's answer.
 struct DirectReadOptions {

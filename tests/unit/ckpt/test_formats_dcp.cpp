@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/dcp.hpp"
@@ -84,8 +85,15 @@ bool direct_reader_agrees(const std::filesystem::path& dir, ckpt::detail::Direct
                           Options{Options::FirstPass::kAuto}}) {
     INFO("settled at " << o.settle_at << (o.first_pass == Options::FirstPass::kAuto ? " (beside)" : ""));
     ckpt::Checkpoint again = blank;
-    CHECK(ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", again, {}, nullptr, o) == accepted);
-    if (accepted) CHECK(ckpt::detail::index_difference(direct, again) == "");
+    ckpt::detail::DirectReadStats s;
+    CHECK(ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", again, {}, &s, o) == accepted);
+    if (!accepted) continue;
+    CHECK(ckpt::detail::index_difference(direct, again) == "");
+    // NOTE [The builder beside the reader]: on its own thread, the first pass's thread took every
+    // batch (unless a wrong guess made the reader read again, by itself); else the reader did.
+    const bool beside = o.first_pass == Options::FirstPass::kAuto && std::thread::hardware_concurrency() > 1 && !s.reguessed;
+    CHECK((s.batches > 0) == (!direct.tensors.empty() || !direct.objects.empty()));
+    CHECK(s.batches_beside == (beside ? s.batches : 0));
   }
   if (!accepted) {
     CHECK(direct.tensors.empty());  // declining touches nothing
