@@ -7,6 +7,7 @@
 #include "ckpt/io.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
+#include "formats/dcp_metadata.hpp"
 
 namespace ckpt {
 
@@ -26,11 +27,10 @@ std::string_view to_string(Format format) noexcept {
 Format detect_format(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
-    if (std::filesystem::exists(path / "meta.pt", ec) && std::filesystem::exists(path / ".metadata", ec)) {
-      return Format::kLightningSharded;
-    }
-    if (std::filesystem::exists(path / ".metadata", ec)) return Format::kDcp;
-    return Format::kUnknown;
+    // .metadata, or rank-local __N.metadata files (NOTE [Rank-local metadata]).
+    const bool dcp = std::filesystem::exists(path / ".metadata", ec) || !detail::rank_local_metadata(path).empty();
+    if (!dcp) return Format::kUnknown;
+    return std::filesystem::exists(path / "meta.pt", ec) ? Format::kLightningSharded : Format::kDcp;
   }
   SourcePtr src = open_file(path);
   if (looks_like_torch_save(*src)) return Format::kTorchSave;

@@ -118,6 +118,8 @@ int dump_checkpoint(const std::string& path) {
   json j;
   j["format"] = std::string(ckpt::to_string(c.format));
   j["world_size"] = c.world_size ? json(*c.world_size) : json(nullptr);
+  j["writer"] = c.writer;
+  j["notes"] = c.notes;
   json tensors = json::array();
   for (const auto& t : c.tensors) {
     const std::size_t es = ckpt::element_size(t.dtype);

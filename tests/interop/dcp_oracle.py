@@ -25,6 +25,9 @@ def install_2x_stubs():
             else:
                 self.__dict__.update(s)
 
+        def __getstate__(self):  # pickled again as it came (TensorProperties' state is a tuple)
+            return self.state_tuple if "state_tuple" in self.__dict__ else self.__dict__
+
     for name in ["Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
                  "MetadataIndex", "StorageMeta"]:
         cls = type(name, (Obj,), {"__module__": m.__name__})

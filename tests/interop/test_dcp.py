@@ -32,8 +32,13 @@ def python_read(path):
 
 
 def compare(path, expect_world=None):
+    return compare_with(path, path, expect_world)
+
+
+def compare_with(path, reference, expect_world=None):
+    """Ours of `path` against Python's reading of `reference` (the same checkpoint)."""
     ours = probe_json(a, "dump-checkpoint", path)
-    tensors, objects = python_read(path)
+    tensors, objects = python_read(reference)
     names = {t["name"] for t in ours["tensors"]}
     assert names == set(tensors), f"tensor names differ: ours {sorted(names ^ set(tensors))}"
     for t in ours["tensors"]:
@@ -162,6 +167,38 @@ def test_our_113_layout_loads_with_torch_113(world):
     return run
 
 
+def test_rank_local_metadata():
+    # NOTE [Rank-local metadata]: what a use_collectives=False save leaves, made from our 3-rank
+    # write_dcp by CPython's pickler: each rank's own Metadata (its chunks, its storage_data, its
+    # planner_data) in __{rank}.metadata, and no .metadata. Ours must read the three as the whole.
+    install_2x_stubs()
+    whole = os.path.join(work, "rank_local_whole")
+    d = os.path.join(work, "rank_local")
+    probe(a, "write-dcp", whole, "3", "current", "none")
+    probe(a, "write-dcp", d, "3", "current", "none")
+    raw = open(os.path.join(d, ".metadata"), "rb").read()
+    for r in range(3):
+        meta = pickle.loads(raw)
+        mine = {(k.fqn, tuple(k.offset) if getattr(k, "offset", None) is not None else None): v
+                for k, v in meta.storage_data.items() if v.relative_path.startswith(f"__{r}_")}
+        meta.storage_data = {k: v for k, v in meta.storage_data.items() if v.relative_path.startswith(f"__{r}_")}
+        entries = {}
+        for fqn, e in meta.state_dict_metadata.items():
+            if hasattr(e, "chunks"):
+                e.chunks = [c for c in e.chunks if (fqn, tuple(c.offsets)) in mine]
+                if e.chunks:
+                    entries[fqn] = e
+            elif (fqn, None) in mine:
+                entries[fqn] = e
+        meta.state_dict_metadata = entries
+        meta.planner_data = {k: v for k, v in meta.planner_data.items() if k in entries}
+        with open(os.path.join(d, f"__{r}.metadata"), "wb") as f:
+            pickle.dump(meta, f)  # as FileSystemWriter.finish: the default protocol
+    os.remove(os.path.join(d, ".metadata"))
+    ours = compare_with(d, whole, 3)
+    assert ours["writer"].endswith(", rank-local metadata (3 files)"), ours["writer"]
+
+
 def test_our_current_layout_reads_as_2x(compression):
     def run():
         install_2x_stubs()
@@ -215,6 +252,8 @@ check("our write_dcp (2.x layout): .metadata has the 2.x classes and fields; eve
       test_our_current_layout_reads_as_2x("none"))
 check("our write_dcp (2.x layout, stream.zstd/1): items decode with the zstd tool and load with weights_only=True",
       test_our_current_layout_reads_as_2x("zstd"))
+check("rank-local __N.metadata (use_collectives=False), pickled by CPython from the 2.x classes: ours == torch.load of every item",
+      test_rank_local_metadata)
 check("a .metadata that names os.system or builtins.eval is refused, never run", test_hostile_metadata_refused)
 check("a relative_path that leaves the directory is refused", test_path_escape_refused)
 finish()

@@ -5,17 +5,20 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ckpt/error.hpp"
 #include "ckpt/torch_save.hpp"
 #include "formats/dcp_index.hpp"
 #include "formats/dcp_metadata.hpp"
+#include "ops/text.hpp"
 
 namespace ckpt {
 namespace {
@@ -342,7 +345,145 @@ std::optional<int> rank_of(const std::string& name) {
   return r;
 }
 
+// One .metadata file into `c` (whose root is the directory): the direct reader, or the tree.
+void read_metadata_file(const std::filesystem::path& path, Checkpoint& c, MetaTrees trees) {
+  SourcePtr src = open_mmap(path);
+  std::vector<std::byte> owned;
+  auto bytes = src->view(0, src->size());
+  if (!bytes) {
+    owned = src->read_vector(0, src->size());
+    bytes = owned;
+  }
+  // The pages each pass has read are given back behind it (the second pass faults them in again
+  // from the page cache), so the file is never resident whole beside the index.
+  detail::read_dcp_metadata(*bytes, src->name(), c, trees, [&](std::uint64_t done) { src->release(0, done); });
+}
+
+// NOTE [Rank-local metadata]: a save with use_collectives=False (newest torch) has no .metadata.
+// Each rank writes __{rank}.metadata, the Metadata of its own plan alone: its own chunks of each
+// tensor, its own storage_data, its own __{rank}_N.distcp files. PyTorch gives each rank its own
+// file to load; a tool that shows the whole checkpoint merges them, lowest rank first: files by
+// name, entries by FQN (dtype and shape must agree), chunks and bytes items added when a lower
+// rank has not already given the same box or item. A tensor that every rank held whole (nothing
+// deduplicated it, as the collective planner would) is then one chunk, the lowest rank's copy,
+// and a note says how many copies were set aside. Ranks must run from 0 without a gap: a rank
+// whose file is missing did not finish its save.
+class RankLocalMerge {
+ public:
+  explicit RankLocalMerge(Checkpoint& c) : c_(c) {}
+
+  void add(Checkpoint part, const std::string& source) {
+    std::vector<std::uint32_t> file(part.files.size());
+    for (std::size_t i = 0; i < part.files.size(); ++i) {
+      const auto [it, fresh] = files_.emplace(part.files[i].relative, static_cast<std::uint32_t>(c_.files.size()));
+      if (fresh) c_.files.push_back(std::move(part.files[i]));
+      file[i] = it->second;
+    }
+    auto relocate = [&](std::optional<ChunkLocation>& l) {
+      if (l) l->file = file[l->file];
+    };
+    // The part's entries in the order it stores them, tensors and objects alike (each vector is
+    // in that order already).
+    std::size_t t = 0, o = 0;
+    while (t < part.tensors.size() || o < part.objects.size()) {
+      if (o == part.objects.size() || (t < part.tensors.size() && part.tensors[t].position < part.objects[o].position)) {
+        add_tensor(std::move(part.tensors[t++]), source, relocate);
+        continue;
+      }
+      ObjectEntry& e = part.objects[o++];
+      relocate(e.item);
+      if (const auto [it, fresh] = names_.emplace(e.name, Named{false, c_.objects.size()}); !fresh) {
+        if (it->second.tensor) {
+          throw Error(ErrorKind::kFormat, source, std::nullopt, "'" + e.name + "' is a bytes item here and a tensor in a lower rank's metadata");
+        }
+        ++copies_;
+        continue;
+      }
+      e.position = c_.tensors.size() + c_.objects.size();
+      c_.objects.push_back(std::move(e));
+    }
+    for (auto& [k, v] : part.planner_data) c_.planner_data.emplace(k, std::move(v));
+    for (auto& u : part.unreferenced_storage) c_.unreferenced_storage.push_back(std::move(u));
+    for (auto& n : part.notes) {
+      if (std::find(c_.notes.begin(), c_.notes.end(), n) == c_.notes.end()) c_.notes.push_back(std::move(n));
+    }
+    const std::string name = std::filesystem::path(source).filename().string();
+    for (auto& [n, tree] : part.meta_trees) c_.meta_trees.emplace_back(n == ".metadata" ? name : n, std::move(tree));
+    if (c_.writer.empty()) c_.writer = part.writer;
+  }
+
+  void finish(std::size_t ranks) {
+    c_.writer += ", rank-local metadata (" + std::to_string(ranks) + " files)";
+    if (copies_) {
+      c_.notes.push_back(std::to_string(copies_) + " chunks or items were saved by more than one rank (rank-local metadata); the lowest rank's copy is used");
+    }
+  }
+
+ private:
+  template <class Relocate>
+  void add_tensor(TensorEntry t, const std::string& source, const Relocate& relocate) {
+    for (Chunk& ch : t.chunks) relocate(ch.location);
+    const auto [it, fresh] = names_.emplace(t.name, Named{true, c_.tensors.size()});
+    if (fresh) {
+      t.position = c_.tensors.size() + c_.objects.size();
+      for (const Chunk& ch : t.chunks) boxes_.emplace(it->second.index, ch.offsets, ch.sizes);
+      c_.tensors.push_back(std::move(t));
+      return;
+    }
+    if (!it->second.tensor) {
+      throw Error(ErrorKind::kFormat, source, std::nullopt, "'" + t.name + "' is a tensor here and a bytes item in a lower rank's metadata");
+    }
+    TensorEntry& have = c_.tensors[it->second.index];
+    if (have.dtype != t.dtype || have.shape != t.shape) {
+      throw Error(ErrorKind::kFormat, source, std::nullopt,
+                  "'" + t.name + "' is " + std::string(name(t.dtype)) + " " + detail::shape_text(t.shape) + " here and " +
+                      std::string(name(have.dtype)) + " " + detail::shape_text(have.shape) + " in a lower rank's metadata");
+    }
+    for (Chunk& ch : t.chunks) {
+      if (!boxes_.emplace(it->second.index, ch.offsets, ch.sizes).second) {
+        ++copies_;
+        continue;
+      }
+      have.chunks.push_back(std::move(ch));
+    }
+  }
+
+  struct Named {
+    bool tensor;
+    std::size_t index;
+  };
+  Checkpoint& c_;
+  std::map<std::string, std::uint32_t> files_;
+  std::unordered_map<std::string, Named> names_;
+  std::set<std::tuple<std::size_t, Dims, Dims>> boxes_;
+  std::size_t copies_ = 0;
+};
+
 }  // namespace
+
+std::vector<std::filesystem::path> detail::rank_local_metadata(const std::filesystem::path& dir) {
+  std::vector<std::pair<int, std::filesystem::path>> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("__") || !name.ends_with(".metadata")) continue;
+    int r = 0;
+    auto [p, err] = std::from_chars(name.data() + 2, name.data() + name.size(), r);
+    if (err != std::errc() || r < 0 || std::string_view(p) != ".metadata") continue;
+    found.emplace_back(r, e.path());
+  }
+  std::sort(found.begin(), found.end());
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    if (found[i].first != static_cast<int>(i)) {
+      throw Error(ErrorKind::kFormat, (dir / ("__" + std::to_string(i) + ".metadata")).string(), std::nullopt,
+                  "missing: the directory has rank-local metadata up to __" + std::to_string(found.back().first) +
+                      ".metadata, and a rank without its file did not finish its save (incomplete checkpoint)");
+    }
+  }
+  std::vector<std::filesystem::path> out;
+  for (auto& [r, p] : found) out.push_back(std::move(p));
+  return out;
+}
 
 void detail::read_dcp_metadata(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c, MetaTrees trees,
                                const std::function<void(std::uint64_t)>& release) {
@@ -376,16 +517,22 @@ Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
   c.root = dir;
   c.format = Format::kDcp;
   const auto meta_path = dir / ".metadata";
-  SourcePtr src = open_mmap(meta_path);
-  std::vector<std::byte> owned;
-  auto bytes = src->view(0, src->size());
-  if (!bytes) {
-    owned = src->read_vector(0, src->size());
-    bytes = owned;
+  std::error_code ec;
+  const auto rank_local = std::filesystem::exists(meta_path, ec) ? std::vector<std::filesystem::path>{} : detail::rank_local_metadata(dir);
+  if (rank_local.empty()) {
+    read_metadata_file(meta_path, c, trees);
+  } else {  // NOTE [Rank-local metadata]
+    RankLocalMerge merge(c);
+    for (const auto& path : rank_local) {
+      require_inside(dir, path.filename().string());
+      Checkpoint part;
+      part.root = dir;
+      part.format = Format::kDcp;
+      read_metadata_file(path, part, trees);
+      merge.add(std::move(part), path.string());
+    }
+    merge.finish(rank_local.size());
   }
-  // The pages each pass has read are given back behind it (the second pass faults them in again
-  // from the page cache), so the file is never resident whole beside the index.
-  detail::read_dcp_metadata(*bytes, src->name(), c, trees, [&](std::uint64_t done) { src->release(0, done); });
 
   // World size: the ranks whose data files the metadata names or the directory holds (a rank with
   // nothing to write still leaves an empty file).
@@ -393,11 +540,11 @@ Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
   for (const auto& f : c.files) {
     if (auto r = rank_of(f.relative)) max_rank = std::max(max_rank, *r);
   }
-  std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     if (auto r = rank_of(e.path().filename().string())) max_rank = std::max(max_rank, *r);
   }
   if (max_rank >= 0) c.world_size = max_rank + 1;
+  if (!rank_local.empty()) c.world_size = std::max(c.world_size.value_or(0), static_cast<int>(rank_local.size()));
 
   // Lightning's meta.pt: the rest of the state.
   for (const char* name : {"meta.pt", "common.pt", "metadata.json"}) require_inside(dir, name);

@@ -6,6 +6,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "ckpt/checkpoint.hpp"
 
@@ -54,6 +55,10 @@ struct DirectReadOptions {
 bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
                               const std::function<void(std::uint64_t)>& release = {}, DirectReadStats* stats = nullptr,
                               const DirectReadOptions& options = {});
+
+/// The rank-local metadata files of `dir` (`__0.metadata`, `__1.metadata`, ...: NOTE [Rank-local
+/// metadata] in dcp.cpp), by rank; empty when there are none. Throws when a rank's file is missing.
+std::vector<std::filesystem::path> rank_local_metadata(const std::filesystem::path& dir);
 
 /// How two indexes differ (the first difference found, in words), or empty when they are the same:
 /// entries, chunks and their locations, files, notes, writer and planner_data. For tests and the

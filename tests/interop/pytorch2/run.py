@@ -7,7 +7,8 @@ Not part of CI (Debian ships torch 1.13); run it by hand:
         --merge build/tools/fsdp-ckpt-merge
 
 It writes checkpoints with torch.distributed.checkpoint.save (world size 1, and 2 with Gloo; nested
-model and optimizer state; with the ZStandard extension when it imports), runs our inspect --json
+model and optimizer state; with the ZStandard extension when it imports; rank-local metadata with
+use_collectives=False where this torch has it), runs our inspect --json
 and verify on them and compares every value with ours, and loads our write_dcp output with
 dcp.load, and our torch.save output with torch.load(weights_only=True); with --merge, our merge of
 each dcp.save checkpoint must equal PyTorch's own dcp_to_torch_save of it, loaded with
@@ -15,6 +16,7 @@ torch.load(weights_only=True); with --shard, our reshard of each dcp.save checkp
 must load with dcp.load, into full tensors in one process and into DTensor Shard(0) shards of 3
 Gloo ranks, with the values dcp.save was given."""
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -107,6 +109,22 @@ def test_save_world2(zstd):
     return run
 
 
+def _rank_local_worker(rank, world, port, d):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dcp.save(state(), checkpoint_id=d, use_collectives=False)
+    dist.destroy_process_group()
+
+
+def test_save_rank_local():
+    # NOTE [Rank-local metadata]: no .metadata; each rank's __{rank}.metadata, merged by us. Both
+    # ranks save the same whole tensors, so the merged index holds rank 0's copy of each.
+    d = os.path.join(work, "w2local")
+    mp.spawn(_rank_local_worker, args=(2, 29615, d), nprocs=2, join=True)
+    assert not os.path.exists(os.path.join(d, ".metadata")), "PyTorch wrote a global .metadata"
+    assert os.path.exists(os.path.join(d, "__0.metadata")) and os.path.exists(os.path.join(d, "__1.metadata"))
+    compare_with_state(d, state())
+
+
 def test_dcp_load_of_ours(compression):
     def run():
         d = os.path.join(work, f"ours_{compression}")
@@ -182,6 +200,10 @@ try:
     check("dcp.save (world 2, ZStandard extension) read by us", test_save_world2(True))
 except Exception as e:  # noqa: BLE001
     print(f"skip ZStandard: {e}")
+if "use_collectives" in inspect.signature(dcp.save).parameters:
+    check("dcp.save (world 2, use_collectives=False: rank-local __N.metadata) read by us", test_save_rank_local)
+else:
+    print("skip rank-local metadata: this torch's dcp.save has no use_collectives")
 check("dcp.load of our write_dcp (2.x layout)", test_dcp_load_of_ours("none"))
 try:
     from torch.distributed.checkpoint._extension import ZStandard  # noqa: F401,F811

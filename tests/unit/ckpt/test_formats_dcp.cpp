@@ -3,10 +3,12 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/dcp.hpp"
+#include "ckpt/format.hpp"
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/torch_save.hpp"
 #include "formats/dcp_metadata.hpp"
@@ -130,6 +132,49 @@ ckpt::detail::DirectReadStats guessing(const std::filesystem::path& dir) {
   return stats;
 }
 
+// NOTE [Rank-local metadata]: `dir`'s .metadata split as use_collectives=False writes it: for each
+// rank r, __{r}.metadata holds only the entries, chunks, storage_data items and planner_data whose
+// storage is in r's __{r}_N.distcp files, each in a Metadata of its own; .metadata is removed.
+// `also_in_1`: rank 1's file also gives rank 0's items (both ranks saved them whole).
+void split_rank_local(const std::filesystem::path& dir, int ranks, bool also_in_1 = false) {
+  const auto bytes = read_all(dir / ".metadata");
+  for (int r = 0; r < ranks; ++r) {
+    auto root = pk::parse(bytes, ".metadata");
+    auto mine = [&](const pk::ValuePtr& info) {
+      const std::string& path = *field(info, "relative_path")->str();
+      return path.starts_with("__" + std::to_string(r) + "_") || (also_in_1 && r == 1 && path.starts_with("__0_"));
+    };
+    std::set<std::string> kept;  // fqn + offsets, of the items r keeps
+    auto& storage = std::get<pk::Dict>(field(root, "storage_data")->payload).items;
+    std::erase_if(storage, [&](const auto& kv) { return !mine(kv.second); });
+    auto offset_of = [](const pk::ValuePtr& index) {  // a bytes item's MetadataIndex may give no offset
+      const auto& fields = std::get<pk::Dict>(std::get<std::unique_ptr<pk::Object>>(index->payload)->state->payload).items;
+      const auto it = std::find_if(fields.begin(), fields.end(), [](const auto& f) { return *f.first->str() == "offset"; });
+      return it == fields.end() ? std::string("None") : pk::repr(*it->second);
+    };
+    for (const auto& [index, info] : storage) kept.insert(*field(index, "fqn")->str() + offset_of(index));
+    auto& entries = std::get<pk::Dict>(field(root, "state_dict_metadata")->payload).items;
+    std::erase_if(entries, [&](auto& kv) {
+      const std::string& fqn = *kv.first->str();
+      const auto* o = std::get<std::unique_ptr<pk::Object>>(kv.second->payload).get();
+      const auto* state = o->state ? std::get_if<pk::Dict>(&o->state->payload) : nullptr;
+      const bool tensor = state && std::any_of(state->items.begin(), state->items.end(), [](const auto& f) { return *f.first->str() == "chunks"; });
+      if (!tensor) return !kept.count(fqn + "None");
+      auto& chunks = std::get<pk::List>(field(kv.second, "chunks")->payload).items;
+      std::erase_if(chunks, [&](const auto& ch) { return !kept.count(fqn + pk::repr(*field(ch, "offsets"))); });
+      return chunks.empty();
+    });
+    auto& planner = std::get<pk::Dict>(field(root, "planner_data")->payload).items;
+    std::erase_if(planner, [&](const auto& kv) {
+      return std::none_of(entries.begin(), entries.end(), [&](const auto& e) { return *e.first->str() == *kv.first->str(); });
+    });
+    auto out = pk::write(*root, 4);
+    std::ofstream(dir / ("__" + std::to_string(r) + ".metadata"), std::ios::binary)
+        .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  }
+  std::filesystem::remove(dir / ".metadata");
+}
+
 }  // namespace
 
 TEST_CASE("DCP round trip: write_dcp then open_dcp, every chunk readable", "[ckpt][dcp]") {
@@ -158,6 +203,95 @@ TEST_CASE("DCP round trip: write_dcp then open_dcp, every chunk readable", "[ckp
     CHECK(pk::repr(*r.object_value(c.objects[0])) == "5");
     std::ostringstream report;
     CHECK(ckpt::verify({dir.path(), ckpt::VerifyDepth::kDeep, ckpt::OutputFormat::kText}, report));
+  }
+}
+
+TEST_CASE("rank-local metadata: __N.metadata files read as one checkpoint", "[ckpt][dcp]") {
+  TestDir whole_dir;
+  write_sample(whole_dir.path());
+  const ckpt::Checkpoint whole = ckpt::open_dcp(whole_dir.path());
+  SECTION("each rank's own metadata") {
+    TestDir dir;
+    write_sample(dir.path());
+    split_rank_local(dir.path(), 2);
+    REQUIRE(std::filesystem::exists(dir / "__1.metadata"));
+    CHECK(ckpt::detect_format(dir.path()) == ckpt::Format::kDcp);
+    ckpt::Checkpoint c = ckpt::open_dcp(dir.path());
+    CHECK(c.world_size == 2);
+    CHECK(c.writer == whole.writer + ", rank-local metadata (2 files)");
+    c.writer = whole.writer;
+    c.root = whole.root;
+    for (auto& f : c.files) f.path = whole.root / f.relative;
+    // The same entries, chunks and locations; only the order of the entries is the ranks' order.
+    REQUIRE(c.tensors.size() == whole.tensors.size());
+    for (const auto& t : whole.tensors) {
+      INFO(t.name);
+      const auto* m = c.find_tensor(t.name);
+      REQUIRE(m);
+      CHECK(m->dtype == t.dtype);
+      CHECK(m->shape == t.shape);
+      REQUIRE(m->chunks.size() == t.chunks.size());
+      for (const auto& ch : t.chunks) {
+        const auto it = std::find_if(m->chunks.begin(), m->chunks.end(), [&](const auto& x) { return x.offsets == ch.offsets; });
+        REQUIRE(it != m->chunks.end());
+        REQUIRE(it->location);
+        CHECK(c.files[it->location->file].relative == whole.files[ch.location->file].relative);
+        CHECK(it->location->offset == ch.location->offset);
+        CHECK(it->location->length == ch.location->length);
+      }
+    }
+    REQUIRE(c.objects.size() == 1);
+    CHECK(c.objects[0].name == "epoch");
+    CHECK(c.planner_data.size() == whole.planner_data.size());
+    const ckpt::VerifyReport report = ckpt::check_checkpoint({dir.path(), ckpt::VerifyDepth::kDeep, ckpt::OutputFormat::kText});
+    CHECK(report.ok());
+    CHECK(report.items == 5);
+  }
+  SECTION("a chunk that two ranks saved is one chunk, the lowest rank's") {
+    TestDir dir;
+    write_sample(dir.path());
+    split_rank_local(dir.path(), 2, /*also_in_1=*/true);
+    const ckpt::Checkpoint c = ckpt::open_dcp(dir.path());
+    REQUIRE(c.find_tensor("model.w"));
+    CHECK(c.find_tensor("model.w")->chunks.size() == 2);
+    CHECK(std::find(c.notes.begin(), c.notes.end(),
+                    "2 chunks or items were saved by more than one rank (rank-local metadata); the lowest rank's copy is used") != c.notes.end());
+    CHECK(ckpt::check_checkpoint({dir.path(), ckpt::VerifyDepth::kDeep, ckpt::OutputFormat::kText}).ok());
+  }
+  SECTION("a rank whose file is missing: an incomplete checkpoint") {
+    TestDir dir;
+    write_sample(dir.path());
+    split_rank_local(dir.path(), 2);
+    std::filesystem::rename(dir / "__1.metadata", dir / "__2.metadata");
+    REQUIRE_THROWS_MATCHES(ckpt::open_dcp(dir.path()), ckpt::Error,
+                           IsCkptError(ErrorKind::kFormat, std::nullopt, "did not finish its save (incomplete checkpoint)"));
+    REQUIRE_THROWS_MATCHES(ckpt::open_checkpoint(dir.path()), ckpt::Error,
+                           IsCkptError(ErrorKind::kFormat, std::nullopt, "__1.metadata"));
+  }
+  SECTION("ranks that disagree about a tensor") {
+    TestDir dir;
+    write_sample(dir.path());
+    split_rank_local(dir.path(), 2);
+    auto bytes = read_all(dir / "__1.metadata");
+    auto root = pk::parse(bytes, "__1.metadata");
+    for (auto& [k, v] : std::get<pk::Dict>(field(root, "state_dict_metadata")->payload).items) {
+      if (*k->str() != "model.w") continue;
+      // torch.Size((5, 3)): REDUCE of torch.Size with one tuple of ints.
+      auto& args = std::get<pk::Tuple>(std::get<std::unique_ptr<pk::Object>>(field(v, "size")->payload)->args->payload).items;
+      auto& dims = args.at(0)->payload;
+      auto& items = std::holds_alternative<pk::Tuple>(dims) ? std::get<pk::Tuple>(dims).items : std::get<pk::List>(dims).items;
+      items.at(0) = pk::make_int(6);
+    }
+    auto out = pk::write(*root, 4);
+    std::ofstream(dir / "__1.metadata", std::ios::binary).write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+    REQUIRE_THROWS_MATCHES(ckpt::open_dcp(dir.path()), ckpt::Error,
+                           IsCkptError(ErrorKind::kFormat, std::nullopt, "'model.w' is float32 [6, 3] here and float32 [5, 3] in a lower rank's metadata"));
+  }
+  SECTION(".metadata, when there is one, is the checkpoint") {
+    TestDir dir;
+    write_sample(dir.path());
+    std::filesystem::copy_file(dir / ".metadata", dir / "__0.metadata");
+    CHECK(ckpt::open_dcp(dir.path()).writer == whole.writer);
   }
 }
 
