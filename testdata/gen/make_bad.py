@@ -263,6 +263,29 @@ shutil.move(os.path.join(d, "__1_0.distcp"), os.path.join(out, "dcp_symlink_targ
 os.symlink("../dcp_symlink_target.distcp", os.path.join(d, "__1_0.distcp"))
 manifest.append(("dcp_symlink_target.distcp", "refused", "the file dcp_symlink_out links to (outside it); a bare .distcp is not a checkpoint"))
 
+# Rank-local metadata (NOTE [Rank-local metadata]): no .metadata, each rank's own __{rank}.metadata.
+def rank_local_copy(name, what):
+    d = dcp_copy(name, what)
+    m = load_meta(d)
+    os.remove(os.path.join(d, ".metadata"))
+    for r in range(2):
+        with open(os.path.join(d, f"__{r}.metadata"), "wb") as f:
+            pickle.dump(dcp_oracle.rank_local(load_meta(base), r), f, protocol=4)
+    return d, m
+
+
+d, _ = rank_local_copy("dcp_rank_local_gap", "DCP: rank-local metadata of ranks 0 and 2, none of rank 1 (an unfinished save)")
+os.rename(os.path.join(d, "__1.metadata"), os.path.join(d, "__2.metadata"))
+d, _ = rank_local_copy("dcp_rank_local_disagree", "DCP: rank-local metadata whose ranks give one tensor two shapes")
+m1 = pickle.load(open(os.path.join(d, "__1.metadata"), "rb"))
+fqn = tensor_fqn(load_meta(base))
+m1.state_dict_metadata[fqn].size = torch.Size([s + 1 for s in m1.state_dict_metadata[fqn].size])
+with open(os.path.join(d, "__1.metadata"), "wb") as f:
+    pickle.dump(m1, f, protocol=4)
+d, _ = rank_local_copy("dcp_rank_local_symlink_out", "DCP: rank 1's __1.metadata is a symbolic link to a file outside the directory")
+os.remove(os.path.join(d, "__1.metadata"))
+os.symlink("../dcp_symlink_target.distcp", os.path.join(d, "__1.metadata"))
+
 for k, pkl in HOSTILE.items():
     d = dcp_copy(f"dcp_hostile_{k}", f"DCP: .metadata calls {k.replace('_', '.', 1)}")
     open(os.path.join(d, ".metadata"), "wb").write(pkl)

@@ -39,6 +39,27 @@ def install_2x_stubs():
     sys.modules[f.__name__] = f
 
 
+def rank_local(meta, rank):
+    """NOTE [Rank-local metadata]: what rank `rank` of a use_collectives=False save writes to
+    __{rank}.metadata, cut from the whole checkpoint's Metadata `meta` (changed in place): its
+    storage_data items (those in its __{rank}_N files), the chunks and bytes entries they store,
+    and their planner_data."""
+    meta.storage_data = {k: v for k, v in meta.storage_data.items() if v.relative_path.startswith(f"__{rank}_")}
+    mine = {(k.fqn, tuple(k.offset) if getattr(k, "offset", None) is not None else None) for k in meta.storage_data}
+    entries = {}
+    for fqn, e in meta.state_dict_metadata.items():
+        if hasattr(e, "chunks"):
+            e.chunks = [c for c in e.chunks if (fqn, tuple(c.offsets)) in mine]
+            if e.chunks:
+                entries[fqn] = e
+        elif (fqn, None) in mine:
+            entries[fqn] = e
+    meta.state_dict_metadata = entries
+    if isinstance(getattr(meta, "planner_data", None), dict):
+        meta.planner_data = {k: v for k, v in meta.planner_data.items() if k in entries}
+    return meta
+
+
 def python_read(torch, path):
     """Reads a DCP directory the way PyTorch's loader does: unpickle .metadata, torch.load each item."""
     meta = pickle.load(open(os.path.join(path, ".metadata"), "rb"))
