@@ -413,6 +413,7 @@ class RankLocalMerge {
   }
 
   void finish(std::size_t ranks) {
+    for (const std::size_t i : merged_) drop_copies(c_.tensors[i]);
     c_.writer += ", rank-local metadata (" + std::to_string(ranks) + " files)";
     if (copies_) {
       c_.notes.push_back(std::to_string(copies_) + " chunks or items were saved by more than one rank (rank-local metadata); the lowest rank's copy is used");
@@ -426,7 +427,6 @@ class RankLocalMerge {
     const auto [it, fresh] = names_.emplace(t.name, Named{true, c_.tensors.size()});
     if (fresh) {
       t.position = c_.tensors.size() + c_.objects.size();
-      for (const Chunk& ch : t.chunks) boxes_.emplace(it->second.index, ch.offsets, ch.sizes);
       c_.tensors.push_back(std::move(t));
       return;
     }
@@ -439,13 +439,26 @@ class RankLocalMerge {
                   "'" + t.name + "' is " + std::string(name(t.dtype)) + " " + detail::shape_text(t.shape) + " here and " +
                       std::string(name(have.dtype)) + " " + detail::shape_text(have.shape) + " in a lower rank's metadata");
     }
-    for (Chunk& ch : t.chunks) {
-      if (!boxes_.emplace(it->second.index, ch.offsets, ch.sizes).second) {
-        ++copies_;
-        continue;
-      }
-      have.chunks.push_back(std::move(ch));
+    if (!t.chunks.empty()) merged_.insert(it->second.index);
+    for (Chunk& ch : t.chunks) have.chunks.push_back(std::move(ch));
+  }
+  // The chunks of a tensor that several ranks gave, less every box a lower rank gave already
+  // (sorted by box, so that a rank-local checkpoint of many chunks costs n log n).
+  void drop_copies(TensorEntry& t) {
+    std::vector<std::size_t> order(t.chunks.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    auto box = [&](std::size_t k) { return std::tie(t.chunks[k].offsets, t.chunks[k].sizes); };
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return box(x) < box(y); });
+    std::vector<bool> copy(t.chunks.size(), false);
+    for (std::size_t k = 1; k < order.size(); ++k) copy[order[k]] = box(order[k]) == box(order[k - 1]);
+    std::size_t kept = 0;
+    for (std::size_t k = 0; k < t.chunks.size(); ++k) {
+      if (copy[k]) continue;
+      if (kept != k) t.chunks[kept] = std::move(t.chunks[k]);
+      ++kept;
     }
+    copies_ += t.chunks.size() - kept;
+    t.chunks.resize(kept);
   }
 
   struct Named {
@@ -455,7 +468,7 @@ class RankLocalMerge {
   Checkpoint& c_;
   std::map<std::string, std::uint32_t> files_;
   std::unordered_map<std::string, Named> names_;
-  std::set<std::tuple<std::size_t, Dims, Dims>> boxes_;
+  std::set<std::size_t> merged_;  ///< tensors that more than one rank gave chunks of
   std::size_t copies_ = 0;
 };
 
