@@ -172,7 +172,8 @@ class TokArena {
 // item's tensor by name and its chunk by offsets) is a fifth of the reading's time, and needs
 // nothing back: the reader hands the builder its pairs a batch (one SETITEMS) at a time. When the
 // first pass runs beside the reader, the same thread then takes the batches, in order, while the
-// reader reads on; else the reader runs each batch itself as it hands it over. The builder's other
+// reader reads on (for a larger .metadata, whose first pass runs first, a thread of its own takes
+// them); else the reader runs each batch itself as it hands it over. The builder's other
 // calls stay the reader's: file_index() and layout() (their answers go into the batches), and
 // root()'s finish() and set_writer(), after drain() has seen every batch taken. A batch the
 // builder refuses stops it; the reader gets the builder's own exception at its next hand-over or
@@ -1551,6 +1552,18 @@ class DirectReader {
 // read them, and a wrong guess costs a second reading.
 constexpr std::size_t kBesideBelow = std::size_t{16} << 20;
 
+namespace {
+// Stops the feed's builder and joins the thread that serves it (and ran the first pass, beside).
+struct Join {
+  std::thread& t;
+  BuilderFeed& feed;
+  ~Join() {
+    feed.close();
+    if (t.joinable()) t.join();
+  }
+};
+}  // namespace
+
 bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::string& source, Checkpoint& c,
                               const std::function<void(std::uint64_t)>& release, DirectReadStats* stats,
                               const DirectReadOptions& options) {
@@ -1569,7 +1582,12 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
       pickle::ParseOptions scan;
       scan.on_scanned = release;
       const pickle::IndexSet referenced = pickle::referenced_memo(bytes, scan);
-      BuilderFeed feed(false);
+      // A larger .metadata: the builder on a thread of its own (NOTE [The builder beside the reader]).
+      const bool threaded = options.first_pass == FirstPass::kAuto && std::thread::hardware_concurrency() > 1;
+      BuilderFeed feed(threaded);
+      std::thread builder;
+      if (threaded) builder = std::thread([&] { feed.serve(); });
+      Join join{builder, feed};
       DirectReader reader(bytes, source, out, release, feed);
       reader.run(referenced);
       if (stats) *stats = reader.stats();
@@ -1594,14 +1612,7 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
           feed.serve();
         });
       }
-      struct Join {
-        std::thread& t;
-        BuilderFeed& feed;
-        ~Join() {
-          feed.close();
-          if (t.joinable()) t.join();
-        }
-      } join{first, feed};
+      Join join{first, feed};
       try {
         DirectReader reader(bytes, source, out, release, feed);
         reader.run_beside(settled, referenced, options.settle_at);
