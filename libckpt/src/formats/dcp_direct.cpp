@@ -350,6 +350,9 @@ class DirectReader {
     guess_ = true;
     guess_limit_ = ~std::uint64_t{0};
     guess_rank_.assign(1, 0);
+    // Room for what guessing may keep, made once: pages are touched only as tokens are kept, and
+    // no doubling copies the memo (or faults in its copies) as it grows.
+    memo_.reserve(std::min<std::size_t>(kGuessLimit, n_ / 16 + 64));
     run();
   }
 
