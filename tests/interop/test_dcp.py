@@ -9,6 +9,7 @@ import io
 import os
 import pathlib
 import pickle
+import subprocess
 import sys
 import types
 
@@ -72,6 +73,47 @@ def test_fixture(world):
             assert bytes.fromhex(t["hex"]) == tensor_bytes(torch, want), f"{t['name']}: not the generator's values"
         r = probe(a, "dump-checkpoint", path)
         assert r.returncode == 0
+    return run
+
+
+def test_torch2(name):
+    # Saved by PyTorch 2.11's own dcp.save on the GPU machine (testdata/gen/make_pt2_fixtures.py;
+    # testdata/dcp/torch2/VERSION): ours must give every value of the state it was given, which
+    # the same PyTorch wrote beside it with torch.save (read here by torch 1.13; our fixture, so
+    # weights_only=False is safe), and verify --deep must find nothing wrong.
+    def run():
+        path = os.path.join(a.testdata, "dcp", "torch2", name)
+        want = torch.load(path + ".values.pt", weights_only=False)
+        flat = {}
+
+        def walk(prefix, v):
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(f"{prefix}{k}.", x)
+            elif isinstance(v, list) and any(isinstance(x, (dict, list, torch.Tensor)) for x in v):
+                for i, x in enumerate(v):
+                    walk(f"{prefix}{i}.", x)
+            else:
+                flat[prefix[:-1]] = v
+        walk("", want)
+        ours = probe_json(a, "dump-checkpoint", path)
+        got = {t["name"]: t for t in ours["tensors"]}
+        tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
+        assert set(got) == set(tensors), f"tensor names differ: {sorted(set(got) ^ set(tensors))}"
+        for k, v in tensors.items():
+            assert got[k]["dtype"] == str(v.dtype).replace("torch.", "") and got[k]["shape"] == list(v.shape), k
+            assert got[k]["covered"] == v.numel(), f"{k}: {got[k]['covered']} of {v.numel()} elements covered"
+            assert bytes.fromhex(got[k]["hex"]) == tensor_bytes(torch, v), f"{k}: values differ from PyTorch 2's"
+        objects = {o["name"]: o for o in ours["objects"]}
+        for k, v in flat.items():
+            if not isinstance(v, torch.Tensor) and isinstance(v, (int, str)) and not isinstance(v, bool):
+                assert k in objects and objects[k]["repr"] == repr(v), f"{k}: {objects.get(k)} vs {v!r}"
+        assert ours["writer"].startswith("torch >= 2.4"), ours["writer"]
+        if name.endswith("rank_local"):
+            assert ours["writer"].endswith("rank-local metadata (2 files)"), ours["writer"]
+            assert not os.path.exists(os.path.join(path, ".metadata"))
+        v = subprocess.run([a.inspect, "verify", "--deep", path], capture_output=True, text=True)
+        assert v.returncode == 0, v.stdout + v.stderr
     return run
 
 
@@ -231,6 +273,8 @@ if os.path.isdir(os.path.join(a.shared, "LionRock-Research__Megatron-LM__simple-
     check("real torch 2.4 Megatron torch_dist checkpoint: ours == torch.load of every item", test_megatron)
 else:
     skip("real Megatron checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
+for name in ("torch2_world1", "torch2_world2", "torch2_world2_rank_local"):
+    check(f"real PyTorch 2.11 dcp.save ({name}): ours == the state it was given, verify --deep clean", test_torch2(name))
 check("our write_dcp (1.13 layout, 2 ranks) loads with torch 1.13's load_state_dict", test_our_113_layout_loads_with_torch_113(2))
 check("our write_dcp (1.13 layout, 4 ranks, a rank without a chunk) loads with torch 1.13's load_state_dict",
       test_our_113_layout_loads_with_torch_113(4))

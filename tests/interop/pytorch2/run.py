@@ -42,13 +42,9 @@ work = tempfile.mkdtemp(prefix="fsdp-pt2-")
 print(f"torch {torch.__version__}")
 
 
-def state(rank=0, world=1):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    model(torch.randn(2, 6)).sum().backward()
-    opt.step()
-    return {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "tag": "pt2"}
+# The state the testdata/dcp/torch2 fixtures hold too (one generator's).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "testdata", "gen"))
+from make_pt2_fixtures import state  # noqa: E402
 
 
 def flat(obj, prefix=""):
@@ -193,31 +189,48 @@ def test_dcp_load_of_shard(name, layout):
     return run
 
 
-check("dcp.save (world 1) read by us, verify --deep clean", test_save_world1)
-check("dcp.save (world 2, Gloo) read by us", test_save_world2(False))
-try:
-    from torch.distributed.checkpoint._extension import ZStandard  # noqa: F401
-    check("dcp.save (world 2, ZStandard extension) read by us", test_save_world2(True))
-except Exception as e:  # noqa: BLE001
-    print(f"skip ZStandard: {e}")
-if "use_collectives" in inspect.signature(dcp.save).parameters:
-    check("dcp.save (world 2, use_collectives=False: rank-local __N.metadata) read by us", test_save_rank_local)
-else:
-    print("skip rank-local metadata: this torch's dcp.save has no use_collectives")
-check("dcp.load of our write_dcp (2.x layout)", test_dcp_load_of_ours("none"))
-try:
-    from torch.distributed.checkpoint._extension import ZStandard  # noqa: F401,F811
-    check("dcp.load of our write_dcp (stream.zstd/1)", test_dcp_load_of_ours("zstd"))
-except Exception as e:  # noqa: BLE001
-    print(f"skip ZStandard load: {e}")
-check("torch.load(weights_only=True) of our torch.save sample", test_torch_load_of_ours)
-if a.merge:
-    for name in ("w1", "w2", "w2z"):
-        if os.path.isdir(os.path.join(work, name)):
-            check(f"fsdp-ckpt-merge of dcp.save ({name}) == dcp_to_torch_save", test_merge_equals_dcp_to_torch_save(name))
-if a.shard:
-    for name in ("w1", "w2", "w2z"):
-        if os.path.isdir(os.path.join(work, name)):
-            for layout in ("fsdp", "dtensor"):
-                check(f"dcp.load of fsdp-ckpt-shard ({name} -> 3 ranks, {layout})", test_dcp_load_of_shard(name, layout))
-finish()
+def zstd_module():
+    """torch's ZStandard extension needs the zstandard or pyzstd module to run."""
+    import importlib.util
+    try:
+        from torch.distributed.checkpoint._extension import ZStandard  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return f"no ZStandard extension: {e}"
+    if not (importlib.util.find_spec("zstandard") or importlib.util.find_spec("pyzstd")):
+        return "neither zstandard nor pyzstd is installed"
+    return None
+
+
+def main():
+    check("dcp.save (world 1) read by us, verify --deep clean", test_save_world1)
+    check("dcp.save (world 2, Gloo) read by us", test_save_world2(False))
+    no_zstd = zstd_module()
+    if no_zstd is None:
+        check("dcp.save (world 2, ZStandard extension) read by us", test_save_world2(True))
+    else:
+        print(f"skip ZStandard: {no_zstd}")
+    if "use_collectives" in inspect.signature(dcp.save).parameters:
+        check("dcp.save (world 2, use_collectives=False: rank-local __N.metadata) read by us", test_save_rank_local)
+    else:
+        print("skip rank-local metadata: this torch's dcp.save has no use_collectives")
+    check("dcp.load of our write_dcp (2.x layout)", test_dcp_load_of_ours("none"))
+    if no_zstd is None:
+        check("dcp.load of our write_dcp (stream.zstd/1)", test_dcp_load_of_ours("zstd"))
+    else:
+        print(f"skip ZStandard load: {no_zstd}")
+    check("torch.load(weights_only=True) of our torch.save sample", test_torch_load_of_ours)
+    if a.merge:
+        for name in ("w1", "w2", "w2z"):
+            if os.path.isdir(os.path.join(work, name)):
+                check(f"fsdp-ckpt-merge of dcp.save ({name}) == dcp_to_torch_save", test_merge_equals_dcp_to_torch_save(name))
+    if a.shard:
+        for name in ("w1", "w2", "w2z"):
+            if os.path.isdir(os.path.join(work, name)):
+                for layout in ("fsdp", "dtensor"):
+                    check(f"dcp.load of fsdp-ckpt-shard ({name} -> 3 ranks, {layout})", test_dcp_load_of_shard(name, layout))
+    finish()
+
+
+# mp.spawn starts each rank by importing this file again (as __mp_main__): the checks run only here.
+if __name__ == "__main__":
+    main()

@@ -678,6 +678,29 @@ TEST_CASE("the direct .metadata reader reads what the tree reader reads, or decl
   }
 }
 
+TEST_CASE("real PyTorch 2.11 dcp.save checkpoints (testdata/dcp/torch2): both readers agree, rank-local read as one", "[ckpt][dcp]") {
+  for (const char* name : {"torch2_world1", "torch2_world2"}) {
+    INFO(name);
+    CHECK(direct_reader_agrees(testdata(std::string("dcp/torch2/") + name)));
+  }
+  // The same model saved by 2 ranks with and without collectives: the same index, less a note.
+  ckpt::Checkpoint local = ckpt::open_dcp(testdata("dcp/torch2/torch2_world2_rank_local"));
+  const ckpt::Checkpoint global = ckpt::open_dcp(testdata("dcp/torch2/torch2_world2"));
+  CHECK(local.writer == global.writer + ", rank-local metadata (2 files)");
+  REQUIRE(local.tensors.size() == global.tensors.size());
+  for (const auto& t : global.tensors) {
+    INFO(t.name);
+    const auto* m = local.find_tensor(t.name);
+    REQUIRE(m);
+    CHECK(m->shape == t.shape);
+    REQUIRE(m->chunks.size() == t.chunks.size());
+    for (std::size_t k = 0; k < t.chunks.size(); ++k) CHECK(m->chunks[k].offsets == t.chunks[k].offsets);
+  }
+  CHECK(local.objects.size() == 1);  // "epoch", which both ranks saved
+  CHECK(std::find(local.notes.begin(), local.notes.end(),
+                  "1 chunks or items were saved by more than one rank (rank-local metadata); the lowest rank's copy is used") != local.notes.end());
+}
+
 TEST_CASE("real torch 2.4 Megatron .metadata: the direct reader reads it as the tree reader does", "[ckpt][dcp]") {
   const auto dir = shared_testdata_or_skip("LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt");
   // torch 2.4's own layout: StorageMeta with a pathlib.PosixPath checkpoint_id, BytesStorageMetadata
