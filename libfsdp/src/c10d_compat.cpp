@@ -2,6 +2,8 @@
 // See NOTE [c10d versions] in c10d_compat.hpp.
 #include "c10d_compat.hpp"
 
+#include <ATen/autocast_mode.h>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -260,5 +262,21 @@ void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceO
   all_reduce(g, all, op);
   out.view({-1}).copy_(all.narrow(0, g.rank * n, n));
 }
+
+// NOTE [c10d versions]: at::autocast's per-device functions came in 2.4, and its CPU-named ones
+// are deprecated since.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+CpuAutocast cpu_autocast() { return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::get_autocast_dtype(at::kCPU)}; }
+void set_cpu_autocast(CpuAutocast state) {
+  at::autocast::set_autocast_dtype(at::kCPU, state.dtype);
+  at::autocast::set_autocast_enabled(at::kCPU, state.enabled);
+}
+#else
+CpuAutocast cpu_autocast() { return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()}; }
+void set_cpu_autocast(CpuAutocast state) {
+  at::autocast::set_autocast_cpu_dtype(state.dtype);
+  at::autocast::set_cpu_enabled(state.enabled);
+}
+#endif
 
 }  // namespace fsdp::detail

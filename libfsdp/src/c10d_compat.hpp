@@ -2,7 +2,8 @@
 // NOTE [c10d versions] The one place that knows how LibTorch 1.13 and 2.x differ in c10d:
 // constructing stores and process groups (Gloo's device, NCCL's options), which collectives a
 // backend lacks (Gloo 1.13 has no reduce_scatter or _allgather_base), and waiting on work with a
-// timeout. Everything else in libfsdp calls these functions.
+// timeout; and, outside c10d, CPU autocast's state (its CPU-named functions are deprecated from
+// 2.4 on). Everything else in libfsdp calls these functions.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,5 +41,13 @@ PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in)
 /// Waits for `work` (its errors are fsdp::Error, as a synchronous collective's).
 void wait(C10dGroup& g, PendingWork& work);
 void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op);
+
+/// CPU autocast: whether it is on, and its dtype.
+struct CpuAutocast {
+  bool enabled = false;
+  c10::ScalarType dtype = c10::ScalarType::BFloat16;
+};
+CpuAutocast cpu_autocast();
+void set_cpu_autocast(CpuAutocast state);
 
 }  // namespace fsdp::detail

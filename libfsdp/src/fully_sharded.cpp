@@ -11,9 +11,25 @@
 #include <map>
 #include <utility>
 
+#include "c10d_compat.hpp"
 #include "fsdp/script_module.hpp"
 
 namespace fsdp {
+
+CpuAutocastBf16::CpuAutocastBf16(bool on) : on_(on) {
+  if (!on_) return;
+  const detail::CpuAutocast was = detail::cpu_autocast();
+  was_enabled_ = was.enabled;
+  was_dtype_ = was.dtype;
+  detail::set_cpu_autocast({true, at::kBFloat16});
+}
+
+CpuAutocastBf16::~CpuAutocastBf16() {
+  if (!on_) return;
+  detail::set_cpu_autocast({was_enabled_, was_dtype_});
+  at::autocast::clear_cache();
+}
+
 namespace {
 
 // The prefix of a child's parameters' FQNs: its name, except a TorchScript module's, whose FQNs
@@ -28,8 +44,9 @@ std::string fqn_prefix(const std::string& child, const torch::nn::Module& m) {
 struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, torch::nn::AnyModule* child) {
     ctx->saved_data["child"] = reinterpret_cast<std::int64_t>(child);
-    ctx->saved_data["autocast"] = at::autocast::is_cpu_enabled();
-    ctx->saved_data["autocast_dtype"] = static_cast<std::int64_t>(at::autocast::get_autocast_cpu_dtype());
+    const detail::CpuAutocast autocast = detail::cpu_autocast();
+    ctx->saved_data["autocast"] = autocast.enabled;
+    ctx->saved_data["autocast_dtype"] = static_cast<std::int64_t>(autocast.dtype);
     ctx->save_for_backward({x});
     return child->forward(x);
   }
@@ -41,13 +58,10 @@ struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
     {
       torch::AutoGradMode grad_on(true);
       const bool autocast = ctx->saved_data["autocast"].toBool();
-      const bool was = at::autocast::is_cpu_enabled();
-      const c10::ScalarType was_dtype = at::autocast::get_autocast_cpu_dtype();
-      at::autocast::set_autocast_cpu_dtype(static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
-      at::autocast::set_cpu_enabled(autocast);
+      const detail::CpuAutocast was = detail::cpu_autocast();
+      detail::set_cpu_autocast({autocast, static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
       out = child->forward(x);
-      at::autocast::set_cpu_enabled(was);
-      at::autocast::set_autocast_cpu_dtype(was_dtype);
+      detail::set_cpu_autocast(was);
       if (autocast) at::autocast::clear_cache();
     }
     torch::autograd::backward({out}, {grads[0]});

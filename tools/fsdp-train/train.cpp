@@ -5,7 +5,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -321,28 +320,9 @@ class Trainer {
     return {mp.param_dtype, reduce ? reduce : mp.reduce_dtype, buffer ? buffer : mp.buffer_dtype};
   }
 
-  /// Lightning's "bf16-mixed": forward and loss under CPU autocast to bfloat16.
-  class Autocast {
-   public:
-    explicit Autocast(bool on) : on_(on) {
-      if (!on_) return;
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-      at::autocast::set_cpu_enabled(true);
-    }
-    ~Autocast() {
-      if (!on_) return;
-      at::autocast::set_cpu_enabled(false);
-      at::autocast::clear_cache();
-    }
-    Autocast(const Autocast&) = delete;
-    Autocast& operator=(const Autocast&) = delete;
-
-   private:
-    bool on_;
-  };
-
   torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& y) {
-    Autocast autocast(c_.precision == "bf16-mixed");
+    // Lightning's "bf16-mixed": forward and loss under CPU autocast to bfloat16.
+    fsdp::CpuAutocastBf16 autocast(c_.precision == "bf16-mixed");
     const torch::Tensor logits = fsdp_.forward(x);
     // A script's vocabulary is its own; the data's tokens were checked against --vocab-size.
     if (logits.dim() != 3 || logits.size(0) != x.size(0) || logits.size(1) != x.size(1) || logits.size(2) != c_.vocab_size) {

@@ -133,6 +133,21 @@ struct MixedPrecision {
   std::optional<c10::ScalarType> buffer_dtype;
 };
 
+/// Lightning's "bf16-mixed" forward context on CPU: while it lives (and `on`), forward runs under
+/// CPU autocast to bfloat16; when it ends, autocast is as it was and its cache is cleared.
+class CpuAutocastBf16 {
+ public:
+  explicit CpuAutocastBf16(bool on);
+  ~CpuAutocastBf16();
+  CpuAutocastBf16(const CpuAutocastBf16&) = delete;
+  CpuAutocastBf16& operator=(const CpuAutocastBf16&) = delete;
+
+ private:
+  bool on_;
+  bool was_enabled_ = false;
+  c10::ScalarType was_dtype_ = c10::ScalarType::BFloat16;
+};
+
 /// The MixedPrecision a precision name implies for the units: bfloat16 reduction for
 /// "bf16-mixed" and "bf16-true" (whose model the caller converts), nothing for "32-true".
 MixedPrecision mixed_precision_of(std::string_view precision);
