@@ -132,6 +132,31 @@ ckpt::detail::DirectReadStats guessing(const std::filesystem::path& dir) {
   return stats;
 }
 
+// NOTE [Rank-local metadata]: `got` (merged from rank-local files) has `want`'s tensors, each with
+// its dtype, shape and chunks (found by offsets, in any order) and, with `locations`, each chunk
+// in the same file at the same offset and length; only the entries' order may differ.
+void same_tensors(const ckpt::Checkpoint& got, const ckpt::Checkpoint& want, bool locations) {
+  REQUIRE(got.tensors.size() == want.tensors.size());
+  for (const auto& t : want.tensors) {
+    INFO(t.name);
+    const auto* m = got.find_tensor(t.name);
+    REQUIRE(m);
+    CHECK(m->dtype == t.dtype);
+    CHECK(m->shape == t.shape);
+    REQUIRE(m->chunks.size() == t.chunks.size());
+    for (const auto& ch : t.chunks) {
+      const auto it = std::find_if(m->chunks.begin(), m->chunks.end(), [&](const auto& x) { return x.offsets == ch.offsets; });
+      REQUIRE(it != m->chunks.end());
+      CHECK(it->sizes == ch.sizes);
+      if (!locations) continue;
+      REQUIRE(it->location);
+      CHECK(got.files[it->location->file].relative == want.files[ch.location->file].relative);
+      CHECK(it->location->offset == ch.location->offset);
+      CHECK(it->location->length == ch.location->length);
+    }
+  }
+}
+
 // NOTE [Rank-local metadata]: `dir`'s .metadata split as use_collectives=False writes it: for each
 // rank r, __{r}.metadata holds only the entries, chunks, storage_data items and planner_data whose
 // storage is in r's __{r}_N.distcp files, each in a Metadata of its own; .metadata is removed.
@@ -219,27 +244,7 @@ TEST_CASE("rank-local metadata: __N.metadata files read as one checkpoint", "[ck
     ckpt::Checkpoint c = ckpt::open_dcp(dir.path());
     CHECK(c.world_size == 2);
     CHECK(c.writer == whole.writer + ", rank-local metadata (2 files)");
-    c.writer = whole.writer;
-    c.root = whole.root;
-    for (auto& f : c.files) f.path = whole.root / f.relative;
-    // The same entries, chunks and locations; only the order of the entries is the ranks' order.
-    REQUIRE(c.tensors.size() == whole.tensors.size());
-    for (const auto& t : whole.tensors) {
-      INFO(t.name);
-      const auto* m = c.find_tensor(t.name);
-      REQUIRE(m);
-      CHECK(m->dtype == t.dtype);
-      CHECK(m->shape == t.shape);
-      REQUIRE(m->chunks.size() == t.chunks.size());
-      for (const auto& ch : t.chunks) {
-        const auto it = std::find_if(m->chunks.begin(), m->chunks.end(), [&](const auto& x) { return x.offsets == ch.offsets; });
-        REQUIRE(it != m->chunks.end());
-        REQUIRE(it->location);
-        CHECK(c.files[it->location->file].relative == whole.files[ch.location->file].relative);
-        CHECK(it->location->offset == ch.location->offset);
-        CHECK(it->location->length == ch.location->length);
-      }
-    }
+    same_tensors(c, whole, /*locations=*/true);
     REQUIRE(c.objects.size() == 1);
     CHECK(c.objects[0].name == "epoch");
     CHECK(c.planner_data.size() == whole.planner_data.size());
@@ -687,15 +692,7 @@ TEST_CASE("real PyTorch 2.11 dcp.save checkpoints (testdata/dcp/torch2): both re
   ckpt::Checkpoint local = ckpt::open_dcp(testdata("dcp/torch2/torch2_world2_rank_local"));
   const ckpt::Checkpoint global = ckpt::open_dcp(testdata("dcp/torch2/torch2_world2"));
   CHECK(local.writer == global.writer + ", rank-local metadata (2 files)");
-  REQUIRE(local.tensors.size() == global.tensors.size());
-  for (const auto& t : global.tensors) {
-    INFO(t.name);
-    const auto* m = local.find_tensor(t.name);
-    REQUIRE(m);
-    CHECK(m->shape == t.shape);
-    REQUIRE(m->chunks.size() == t.chunks.size());
-    for (std::size_t k = 0; k < t.chunks.size(); ++k) CHECK(m->chunks[k].offsets == t.chunks[k].offsets);
-  }
+  same_tensors(local, global, /*locations=*/false);  // the files differ: each rank wrote its own
   CHECK(local.objects.size() == 1);  // "epoch", which both ranks saved
   CHECK(std::find(local.notes.begin(), local.notes.end(),
                   "1 chunks or items were saved by more than one rank (rank-local metadata); the lowest rank's copy is used") != local.notes.end());
