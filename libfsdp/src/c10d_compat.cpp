@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 #if FSDP_HAS_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -26,6 +27,7 @@ struct C10dGroup {
 #endif
   c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options;  ///< kept for subgroups
   int rank = 0, size = 1;
+  c10::Device device{c10::kCPU};  ///< NCCL: this rank's GPU
   std::chrono::milliseconds timeout{};
   std::string who;  ///< this process in errors: "rank 1 of 4", "rank 3 of 4 (shard group 1, rank 1 of 2)"
 };
@@ -56,6 +58,10 @@ bool gloo_lacks(const C10dGroup& g, const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16;
 }
 at::Tensor as_bytes(const at::Tensor& t) { return t.view(at::kHalf); }
+
+// NCCL moves GPU memory only: a host tensor (a loss to average, a checkpoint's scalar) goes
+// through a copy on the group's device, and the result is copied back.
+bool staged(const C10dGroup& g, const at::Tensor& t) { return g.device.is_cuda() && !t.is_cuda(); }
 
 // Runs one c10d call; its errors (a peer that died, a timeout) become fsdp::Error naming the
 // operation and this rank.
@@ -124,6 +130,11 @@ GroupPtr make_group(const Rendezvous& where, Backend backend, std::chrono::milli
     }
     if (backend == Backend::kNccl) {
 #if FSDP_HAS_NCCL
+      // This rank's GPU: LOCAL_RANK's, as torchrun's scripts choose it (one rank per GPU).
+      const int gpus = static_cast<int>(c10::cuda::device_count());
+      if (gpus == 0) throw Error(who + ": backend nccl needs a GPU, and none is visible");
+      g->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(where.local_rank % gpus));
+      c10::cuda::set_device(g->device.index());
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
       g->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(g->store, where.rank, where.world_size, opts);
@@ -158,6 +169,7 @@ GroupPtr make_subgroup(const C10dGroup& parent, const std::string& name, int ran
   auto g = std::make_unique<C10dGroup>();
   g->rank = rank;
   g->size = size;
+  g->device = parent.device;
   g->timeout = parent.timeout;
   g->who = who;
   try {
@@ -183,7 +195,15 @@ void barrier(C10dGroup& g) {
   run(g, "barrier", [&](auto& pg) { return pg.barrier(); });
 }
 
+c10::Device device(const C10dGroup& g) { return g.device; }
+
 void broadcast(C10dGroup& g, at::Tensor& t, int root) {
+  if (staged(g, t)) {
+    at::Tensor on = t.to(g.device);
+    broadcast(g, on, root);
+    t.copy_(on);
+    return;
+  }
   std::vector<at::Tensor> v{gloo_lacks(g, t) ? as_bytes(t) : t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
@@ -192,6 +212,12 @@ void broadcast(C10dGroup& g, at::Tensor& t, int root) {
 }
 
 void all_reduce(C10dGroup& g, at::Tensor& t, ReduceOp op) {
+  if (staged(g, t)) {
+    at::Tensor on = t.to(g.device);
+    all_reduce(g, on, op);
+    t.copy_(on);
+    return;
+  }
   if (gloo_lacks(g, t)) {
     at::Tensor wide = t.to(at::kFloat);
     all_reduce(g, wide, op);
@@ -211,26 +237,33 @@ using WorkPtr = decltype(std::declval<c10d::ProcessGroupGloo&>().barrier(std::de
 
 struct PendingWork {
   WorkPtr work;
+  at::Tensor host_out, staged_out;  ///< a host output gathered on the GPU: copied back once waited for
 };
 
 void destroy(PendingWork* work) noexcept { delete work; }
 
 void wait(C10dGroup& g, PendingWork& work) {
   guarded(g, "all_gather", [&] { work.work->wait(); });
+  if (work.host_out.defined()) work.host_out.copy_(work.staged_out);
 }
 
 PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in) {
+  auto pending = std::make_unique<PendingWork>();
+  at::Tensor target = out;
+  if (staged(g, out) || staged(g, in)) {
+    pending->host_out = out;
+    pending->staged_out = target = out.to(g.device);
+  }
   // Gloo 1.13 has no _allgather_base: one output view per rank into the flat result.
   const bool bytes = gloo_lacks(g, in);
-  at::Tensor flat = bytes ? as_bytes(out.view({-1})) : out.view({-1});
+  at::Tensor flat = bytes ? as_bytes(target.view({-1})) : target.view({-1});
   const std::int64_t n = in.numel();
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < g.size; ++r) outputs[0].push_back(flat.narrow(0, r * n, n));
-  at::Tensor input = in.contiguous().view({-1});
+  at::Tensor input = in.to(g.device).contiguous().view({-1});
   std::vector<at::Tensor> inputs{bytes ? as_bytes(input) : input};
   c10d::AllgatherOptions o;
   o.timeout = g.timeout;
-  auto pending = std::make_unique<PendingWork>();
   guarded(g, "all_gather", [&] {
 #if FSDP_HAS_NCCL
     if (g.nccl) {
@@ -245,6 +278,12 @@ PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in)
 
 void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op) {
   const std::int64_t n = out.numel();
+  if (staged(g, out) || staged(g, in)) {
+    at::Tensor on = out.to(g.device);
+    reduce_scatter(g, on, in.to(g.device), op);
+    out.copy_(on);
+    return;
+  }
 #if FSDP_HAS_NCCL
   if (g.nccl) {
     at::Tensor input = in.contiguous().view({-1});
@@ -263,19 +302,29 @@ void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceO
   out.view({-1}).copy_(all.narrow(0, g.rank * n, n));
 }
 
-// NOTE [c10d versions]: at::autocast's per-device functions came in 2.4, and its CPU-named ones
-// are deprecated since.
+// NOTE [c10d versions]: at::autocast's per-device functions came in 2.4, and its CPU- and
+// GPU-named ones are deprecated since.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-CpuAutocast cpu_autocast() { return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::get_autocast_dtype(at::kCPU)}; }
-void set_cpu_autocast(CpuAutocast state) {
-  at::autocast::set_autocast_dtype(at::kCPU, state.dtype);
-  at::autocast::set_autocast_enabled(at::kCPU, state.enabled);
+AutocastState autocast_state(c10::DeviceType d) { return {at::autocast::is_autocast_enabled(d), at::autocast::get_autocast_dtype(d)}; }
+void set_autocast_state(c10::DeviceType d, AutocastState state) {
+  at::autocast::set_autocast_dtype(d, state.dtype);
+  at::autocast::set_autocast_enabled(d, state.enabled);
 }
 #else
-CpuAutocast cpu_autocast() { return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()}; }
-void set_cpu_autocast(CpuAutocast state) {
-  at::autocast::set_autocast_cpu_dtype(state.dtype);
-  at::autocast::set_cpu_enabled(state.enabled);
+AutocastState autocast_state(c10::DeviceType d) {
+  if (d == c10::DeviceType::CUDA) return {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+  return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+}
+void set_autocast_state(c10::DeviceType d, AutocastState state) {
+  if (d == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(state.dtype);
+    at::autocast::set_enabled(state.enabled);
+  } else if (d == c10::DeviceType::CPU) {
+    at::autocast::set_autocast_cpu_dtype(state.dtype);
+    at::autocast::set_cpu_enabled(state.enabled);
+  } else {
+    throw Error("autocast on " + c10::DeviceTypeName(d) + " is not supported (cpu or cuda)");
+  }
 }
 #endif
 

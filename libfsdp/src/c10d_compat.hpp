@@ -2,8 +2,8 @@
 // NOTE [c10d versions] The one place that knows how LibTorch 1.13 and 2.x differ in c10d:
 // constructing stores and process groups (Gloo's device, NCCL's options), which collectives a
 // backend lacks (Gloo 1.13 has no reduce_scatter or _allgather_base), and waiting on work with a
-// timeout; and, outside c10d, CPU autocast's state (its CPU-named functions are deprecated from
-// 2.4 on). Everything else in libfsdp calls these functions.
+// timeout; and, outside c10d, autocast's state (its per-device-named functions are deprecated from
+// 2.4 on) and choosing this rank's CUDA device. Everything else in libfsdp calls these functions.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,12 +42,17 @@ PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in)
 void wait(C10dGroup& g, PendingWork& work);
 void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op);
 
-/// CPU autocast: whether it is on, and its dtype.
-struct CpuAutocast {
+/// The device a group's collectives run on: the CPU for Gloo, this rank's GPU for NCCL (whose
+/// collectives take a host tensor through a copy there).
+c10::Device device(const C10dGroup& g);
+
+/// Autocast on one device type (CPU or CUDA): whether it is on, and its dtype.
+struct AutocastState {
   bool enabled = false;
   c10::ScalarType dtype = c10::ScalarType::BFloat16;
 };
-CpuAutocast cpu_autocast();
-void set_cpu_autocast(CpuAutocast state);
+AutocastState autocast_state(c10::DeviceType device);
+/// Throws fsdp::Error for a device type autocast has no state for here.
+void set_autocast_state(c10::DeviceType device, AutocastState state);
 
 }  // namespace fsdp::detail

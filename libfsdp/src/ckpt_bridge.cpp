@@ -46,8 +46,9 @@ c10::ScalarType from_ckpt(ckpt::DType t, const std::string& what) {
   }
 }
 
+// A tensor's bytes in host memory (one on a GPU is copied to the host first).
 ckpt::SourcePtr bytes_of(const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
+  const torch::Tensor c = t.to(torch::kCPU).contiguous();
   std::vector<std::byte> b(static_cast<std::size_t>(c.numel()) * static_cast<std::size_t>(c.element_size()));
   if (!b.empty()) std::memcpy(b.data(), c.data_ptr(), b.size());
   return ckpt::memory_source(std::move(b));

@@ -16,17 +16,17 @@
 
 namespace fsdp {
 
-CpuAutocastBf16::CpuAutocastBf16(bool on) : on_(on) {
+AutocastBf16::AutocastBf16(bool on, c10::DeviceType device) : on_(on), device_(device) {
   if (!on_) return;
-  const detail::CpuAutocast was = detail::cpu_autocast();
+  const detail::AutocastState was = detail::autocast_state(device_);
   was_enabled_ = was.enabled;
   was_dtype_ = was.dtype;
-  detail::set_cpu_autocast({true, at::kBFloat16});
+  detail::set_autocast_state(device_, {true, at::kBFloat16});
 }
 
-CpuAutocastBf16::~CpuAutocastBf16() {
+AutocastBf16::~AutocastBf16() {
   if (!on_) return;
-  detail::set_cpu_autocast({was_enabled_, was_dtype_});
+  detail::set_autocast_state(device_, {was_enabled_, was_dtype_});
   at::autocast::clear_cache();
 }
 
@@ -44,7 +44,8 @@ std::string fqn_prefix(const std::string& child, const torch::nn::Module& m) {
 struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, torch::nn::AnyModule* child) {
     ctx->saved_data["child"] = reinterpret_cast<std::int64_t>(child);
-    const detail::CpuAutocast autocast = detail::cpu_autocast();
+    // The autocast state of the device the child computes on (its input's).
+    const detail::AutocastState autocast = detail::autocast_state(x.device().type());
     ctx->saved_data["autocast"] = autocast.enabled;
     ctx->saved_data["autocast_dtype"] = static_cast<std::int64_t>(autocast.dtype);
     ctx->save_for_backward({x});
@@ -58,10 +59,11 @@ struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
     {
       torch::AutoGradMode grad_on(true);
       const bool autocast = ctx->saved_data["autocast"].toBool();
-      const detail::CpuAutocast was = detail::cpu_autocast();
-      detail::set_cpu_autocast({autocast, static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
+      const c10::DeviceType device = x.device().type();
+      const detail::AutocastState was = detail::autocast_state(device);
+      detail::set_autocast_state(device, {autocast, static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
       out = child->forward(x);
-      detail::set_cpu_autocast(was);
+      detail::set_autocast_state(device, was);
       if (autocast) at::autocast::clear_cache();
     }
     torch::autograd::backward({out}, {grads[0]});
@@ -138,6 +140,7 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   std::vector<torch::Tensor> flat;
   const std::string name = members.empty() ? std::string() : members.front().first;
   std::optional<c10::ScalarType> dtype;
+  std::optional<c10::Device> device;
   std::map<const void*, std::size_t> seen;  // a Parameter met again under another name is an alias
   for (const auto& [prefix, module] : members) {
     for (auto& item : module->named_parameters(/*recurse=*/true)) {
@@ -151,6 +154,10 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
       seen.emplace(p.unsafeGetTensorImpl(), params_.size());
       if (!dtype) dtype = p.scalar_type();
       if (p.scalar_type() != *dtype) throw Error("unit '" + name + "' mixes parameter dtypes; flatten needs one dtype");
+      if (!device) device = p.device();
+      if (p.device() != *device) {
+        throw Error("unit '" + name + "' has parameters on " + device->str() + " and on " + p.device().str() + "; move the model to one device first");
+      }
       params_.push_back({std::move(fqn), p, p.sizes().vec(), total_, p.numel()});
       total_ += p.numel();
       flat.push_back(p.detach().reshape({-1}));
@@ -159,7 +166,7 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   if (params_.empty()) throw Error("unit '" + name + "' has no parameters");
   const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : group_.size();
   padded_ = (total_ + world - 1) / world * world;
-  torch::Tensor full = torch::zeros({padded_}, torch::TensorOptions().dtype(*dtype));
+  torch::Tensor full = torch::zeros({padded_}, torch::TensorOptions().dtype(*dtype).device(*device));
   full.narrow(0, 0, total_).copy_(torch::cat(flat));
   group_.broadcast(full, 0);  // every rank starts from rank 0's values
   if (replicate_) replicate_->broadcast(full, 0);

@@ -40,10 +40,13 @@ torch::Tensor& ShardedOptimizer::buffer(std::size_t unit, const std::string& nam
 
 double ShardedOptimizer::clip_grad_norm(double max_norm, bool error_if_nonfinite) {
   torch::NoGradGuard no_grad;
-  torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64));
+  torch::Tensor sq;  // on the shards' device: one copy to the host, for the norm itself
   for (const auto& unit : model_.units()) {
-    if (unit && unit->shard().grad().defined()) sq += unit->shard().grad().to(torch::kFloat64).pow(2).sum();
+    if (!unit || !unit->shard().grad().defined()) continue;
+    torch::Tensor s = unit->shard().grad().to(torch::kFloat64).pow(2).sum().reshape({1});
+    sq = sq.defined() ? sq + s : s;
   }
+  if (!sq.defined()) sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64));
   // With NO_SHARD every rank holds every gradient already; otherwise each holds its slice.
   if (model_.strategy() != ShardingStrategy::kNoShard) model_.shard_group().all_reduce(sq, ReduceOp::kSum);  // replicas hold the same slices
   const double norm = std::sqrt(sq.item<double>());

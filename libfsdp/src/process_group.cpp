@@ -160,6 +160,7 @@ DeviceMesh::DeviceMesh(ProcessGroup& world, int replicas, int shards) : world_(w
 int ProcessGroup::rank() const noexcept { return impl_->where.rank; }
 int ProcessGroup::size() const noexcept { return impl_->where.world_size; }
 Backend ProcessGroup::backend() const noexcept { return impl_->backend; }
+c10::Device ProcessGroup::device() const noexcept { return detail::device(*impl_->group); }
 std::chrono::milliseconds ProcessGroup::timeout() const noexcept { return impl_->timeout; }
 
 const CollectiveStats& ProcessGroup::stats() const noexcept { return impl_->stats; }

@@ -77,6 +77,8 @@ void ScriptModuleImpl::train(bool on) {
   script_->train(on);
 }
 
+void ScriptModuleImpl::to(torch::Device device, bool non_blocking) { script_->to(device, non_blocking); }
+
 ScriptModule load_script_module(const std::string& path) {
   torch::jit::Module m;
   try {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fsdp/strategy.hpp"
 
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,23 @@ StrategyOptions registered_strategy(std::string_view name) {
 std::vector<std::string> registered_strategies() { return {"fsdp", "fsdp_cpu_offload"}; }
 
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
+  const std::string& a = options_.accelerator;
+  if (a == "cuda" || a == "gpu") {
+    if (!torch::cuda::is_available()) {
+      throw Error("accelerator '" + a + "': " +
+                  (nccl_available() ? std::string("no GPU is visible") : std::string("this build's LibTorch has no CUDA")) + " (use cpu)");
+    }
+    device_type_ = c10::DeviceType::CUDA;
+  } else if (a == "auto") {
+    if (torch::cuda::is_available()) device_type_ = c10::DeviceType::CUDA;
+  } else if (a != "cpu") {
+    throw Error("unknown accelerator '" + a + "' (cpu, cuda, gpu or auto)");
+  }
+  const bool cuda = device_type_ == c10::DeviceType::CUDA;
+  if (options_.process_group_backend == Backend::kNccl && !cuda) throw Error("backend nccl moves GPU memory only; it needs accelerator cuda");
+  if (options_.cpu_offload && cuda) {
+    throw Error("cpu_offload on CUDA (shards and their gradients kept in host memory, moved per unit) is not implemented yet");
+  }
   // The seed's constructor errors, with their meaning.
   if (options_.activation_checkpointing && options_.activation_checkpointing_policy) {
     throw Error("you cannot set both activation_checkpointing and activation_checkpointing_policy; use the latter");
@@ -47,8 +65,9 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   if (!precisions.count(options_.precision)) {
     throw Error("precision '" + options_.precision + "' is not supported (32-true, bf16-mixed, bf16-true, 16-mixed)");
   }
-  if (options_.precision == "16-mixed" && !nccl_available()) {
-    throw Error("precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA; this build has none (use bf16-mixed)");
+  if (options_.precision == "16-mixed") {
+    if (!cuda) throw Error("precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA: accelerator cuda (use bf16-mixed)");
+    throw Error("precision 16-mixed needs a gradient scaler, which libfsdp does not have yet (use bf16-mixed)");
   }
 }
 
@@ -71,8 +90,10 @@ void Strategy::warn(const std::string& message) {
 
 void Strategy::setup_environment(const std::map<std::string, std::string>& env) {
   if (group_) throw Error("setup_environment was called twice");
+  int local_rank = 0;
   if (options_.process_group) {
     group_ = options_.process_group;
+    local_rank = group_->rank();
   } else {
     std::optional<Rendezvous> where = Rendezvous::from_environment(env);
     if (!where) {
@@ -81,8 +102,18 @@ void Strategy::setup_environment(const std::map<std::string, std::string>& env) 
       store_ = fs::temp_directory_path() / ("fsdp-strategy-" + std::to_string(::getpid()) + "-" + std::to_string(made++) + ".store");
       where->file_store = store_.string();
     }
-    owned_group_ = std::make_unique<ProcessGroup>(*where, options_.process_group_backend.value_or(Backend::kGloo), options_.timeout);
+    const Backend fallback = device_type_ == c10::DeviceType::CUDA ? Backend::kNccl : Backend::kGloo;
+    owned_group_ = std::make_unique<ProcessGroup>(*where, options_.process_group_backend.value_or(fallback), options_.timeout);
     group_ = owned_group_.get();
+    local_rank = where->local_rank;
+  }
+  if (device_type_ == c10::DeviceType::CUDA) {
+    // nccl chose this rank's GPU when it met the others; otherwise LOCAL_RANK's, as nccl would.
+    root_device_ = group_->device().is_cuda()
+                       ? group_->device()
+                       : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max<int>(1, static_cast<int>(torch::cuda::device_count()))));
+  } else {
+    root_device_ = c10::Device(c10::kCPU);
   }
   if (sharding_ == ShardingStrategy::kHybridShard) {
     // Without a mesh, PyTorch's default: shard within a machine, replicate across machines.
@@ -108,6 +139,10 @@ ProcessGroup& Strategy::group() {
 }
 int Strategy::global_rank() { return group().rank(); }
 int Strategy::world_size() { return group().size(); }
+c10::Device Strategy::root_device() {
+  if (!root_device_) throw Error("call setup_environment first");
+  return *root_device_;
+}
 
 namespace {
 // What a model the strategy wraps gets: the mixed precision its options give, and their policy.
@@ -116,6 +151,7 @@ WrapPolicy policy_of(const StrategyOptions& o) { return o.auto_wrap_policy.value
 }  // namespace
 
 FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
+  if (root_device().is_cuda()) module->to(root_device());
   if (mesh_) {
     modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed_of(options_), policy_of(options_)));
   } else {
@@ -126,7 +162,17 @@ FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
 
 FullyShardedSequential& Strategy::setup_module(const std::vector<std::pair<std::string, ChildMaker>>& children) {
   if (mesh_) throw Error("deferred initialization (a model given as its children's makers) is not available under HYBRID_SHARD; make the model whole");
-  modules_.push_back(std::make_unique<FullyShardedSequential>(children, group(), sharding_, mixed_of(options_), policy_of(options_)));
+  std::vector<std::pair<std::string, ChildMaker>> made_there = children;
+  if (const c10::Device d = root_device(); d.is_cuda()) {
+    for (auto& [name, make] : made_there) {
+      make = [make = std::move(make), d] {
+        torch::nn::AnyModule m = make();
+        m.ptr()->to(d);
+        return m;
+      };
+    }
+  }
+  modules_.push_back(std::make_unique<FullyShardedSequential>(made_there, group(), sharding_, mixed_of(options_), policy_of(options_)));
   return adopt();
 }
 

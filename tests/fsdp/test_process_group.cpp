@@ -16,18 +16,13 @@
 #include <vector>
 
 #include "fsdp/process_group.hpp"
+#include "expect.hpp"
 #include "launch.hpp"
 
 namespace {
 
-int failures = 0;
-#define EXPECT(cond)                                                                                  \
-  do {                                                                                                \
-    if (!(cond)) {                                                                                    \
-      std::cerr << "rank " << std::getenv("RANK") << ": " << __LINE__ << ": expected " #cond "\n"; \
-      ++failures;                                                                                     \
-    }                                                                                                 \
-  } while (0)
+using fsdp_test::expect_error;
+using fsdp_test::failures;
 
 std::map<std::string, std::string> environment() {
   std::map<std::string, std::string> env;

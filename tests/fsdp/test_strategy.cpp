@@ -14,35 +14,16 @@
 #include <string>
 
 #include "fsdp/strategy.hpp"
+#include "expect.hpp"
 #include "launch.hpp"
 
 namespace {
 
+using fsdp_test::expect_error;
+using fsdp_test::failures;
+
 namespace fs = std::filesystem;
 namespace pk = ckpt::pickle;
-
-int failures = 0;
-#define EXPECT(cond)                                                          \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::cerr << __LINE__ << ": expected " #cond "\n";                      \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
-
-// `f` must throw fsdp::Error whose message contains `what`.
-void expect_error(const char* label, const std::function<void()>& f, const std::string& what) {
-  try {
-    f();
-    std::cerr << label << ": no error (expected one containing '" << what << "')\n";
-    ++failures;
-  } catch (const fsdp::Error& e) {
-    if (std::string(e.what()).find(what) == std::string::npos) {
-      std::cerr << label << ": the error '" << e.what() << "' does not contain '" << what << "'\n";
-      ++failures;
-    }
-  }
-}
 
 torch::nn::Sequential model(std::uint64_t seed) {
   torch::manual_seed(seed);
@@ -102,12 +83,33 @@ void errors_table() {
     o.device_mesh = std::pair{1, 1};
     fsdp::Strategy s(o);
   }, "only valid with the HYBRID_SHARD");
-  if (!fsdp::nccl_available()) {
-    expect_error("16-mixed without CUDA", [&] {
+  expect_error("16-mixed on the CPU", [&] {
+    auto o = opts();
+    o.precision = "16-mixed";
+    fsdp::Strategy s(o);
+  }, "needs CUDA");
+  expect_error("unknown accelerator", [&] {
+    auto o = opts();
+    o.accelerator = "tpu";
+    fsdp::Strategy s(o);
+  }, "unknown accelerator 'tpu'");
+  expect_error("nccl on the CPU", [&] {
+    auto o = opts();
+    o.process_group_backend = fsdp::Backend::kNccl;
+    fsdp::Strategy s(o);
+  }, "needs accelerator cuda");
+  if (!torch::cuda::is_available()) {
+    expect_error("cuda without a GPU", [&] {
       auto o = opts();
-      o.precision = "16-mixed";
+      o.accelerator = "cuda";
       fsdp::Strategy s(o);
-    }, "needs CUDA");
+    }, fsdp::nccl_available() ? "no GPU is visible" : "this build's LibTorch has no CUDA");
+    auto o = opts();
+    o.accelerator = "auto";  // no GPU: the CPU
+    fsdp::Strategy s(o);
+    expect_error("root_device before setup_environment", [&] { s.root_device(); }, "call setup_environment first");
+    s.setup_environment({});
+    EXPECT(s.root_device() == c10::Device(c10::kCPU) && s.group().device() == c10::Device(c10::kCPU));
   }
 
   // A world of one, from an empty environment.

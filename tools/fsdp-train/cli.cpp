@@ -95,7 +95,9 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
       ->group(s);
   app->add_flag("--activation-checkpointing", c.activation_checkpointing,
                 "recompute each transformer block's forward in backward instead of keeping its activations (gpt)")->group(s);
-  app->add_option("--backend", c.backend, "gloo (CPU) or nccl (CUDA builds)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);
+  app->add_option("--device", c.device, "cpu, or cuda (each rank on the GPU its LOCAL_RANK names; a build against a LibTorch with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->group(s);
+  app->add_option("--backend", c.backend, "gloo or nccl (default: gloo on cpu, nccl on cuda)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);
   app->add_option("--timeout", c.timeout, "seconds a collective may wait for the other ranks")->check(CLI::PositiveNumber)->group(s);
   app->add_option("--threads", c.threads, "intra-op threads per rank (0: the machine's cores shared among the local ranks)")->check(CLI::Range(0, 4096))->group(s);
   auto* l = "Launching";

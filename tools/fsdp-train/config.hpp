@@ -44,7 +44,8 @@ struct TrainConfig {
   std::string backward_prefetch = "BACKWARD_PRE";  ///< or NONE
   bool forward_prefetch = false;
   std::string auto_wrap = "children";  ///< children, block, or a parameter count
-  std::string backend = "gloo";
+  std::string device = "cpu";  ///< cpu or cuda (each rank on the GPU its LOCAL_RANK names)
+  std::string backend;  ///< gloo or nccl; empty: the device's (gloo on cpu, nccl on cuda)
   double timeout = 1800;
   int threads = 0;  ///< intra-op threads per rank; 0: the cores shared among the local ranks
   // launching

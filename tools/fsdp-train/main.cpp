@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   }
   return fsdp_tools::run_tool("fsdp-train", [&] {
     fsdp_train::validate(config);
+    fsdp_train::check_strategy(config);
     if (config.nproc > 0 && !env.contains("FSDP_TRAIN_LAUNCHED")) {
       if (env.contains("RANK") || env.contains("SLURM_PROCID")) {
         throw std::runtime_error("--nproc starts ranks itself; it cannot be used under a launcher that set RANK or SLURM_PROCID");

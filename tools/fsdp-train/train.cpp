@@ -160,7 +160,7 @@ class Trainer {
  public:
   /// Sets the model and its optimizer up through `strategy` (whose environment is set up).
   Trainer(const TrainConfig& c, fsdp::Strategy& strategy)
-      : c_(c), strategy_(strategy), pg_(strategy.group()), rank_(pg_.rank()), world_(pg_.size()),
+      : c_(c), strategy_(strategy), pg_(strategy.group()), rank_(pg_.rank()), world_(pg_.size()), device_(strategy.root_device()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
         fsdp_(strategy.setup_module(build_model(c))),
         opt_(strategy.setup_optimizer(optimizer_options(c))) {}
@@ -169,7 +169,8 @@ class Trainer {
   /// --strategy, with every other option set explicitly.
   static fsdp::StrategyOptions strategy_options(const TrainConfig& c) {
     fsdp::StrategyOptions o = fsdp::registered_strategy(c.strategy);
-    o.process_group_backend = fsdp::backend_from_string(c.backend);
+    o.accelerator = c.device;
+    if (!c.backend.empty()) o.process_group_backend = fsdp::backend_from_string(c.backend);
     o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.timeout * 1000));
     o.precision = c.precision;
     o.mixed_precision = mixed_precision(c);
@@ -321,8 +322,8 @@ class Trainer {
   }
 
   torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& y) {
-    // Lightning's "bf16-mixed": forward and loss under CPU autocast to bfloat16.
-    fsdp::CpuAutocastBf16 autocast(c_.precision == "bf16-mixed");
+    // Lightning's "bf16-mixed": forward and loss under autocast to bfloat16 on the device.
+    fsdp::AutocastBf16 autocast(c_.precision == "bf16-mixed", device_.type());
     const torch::Tensor logits = fsdp_.forward(x);
     // A script's vocabulary is its own; the data's tokens were checked against --vocab-size.
     if (logits.dim() != 3 || logits.size(0) != x.size(0) || logits.size(1) != x.size(1) || logits.size(2) != c_.vocab_size) {
@@ -400,7 +401,7 @@ class Trainer {
         ya[static_cast<std::int64_t>(i)][static_cast<std::int64_t>(t)] = data_.tokens[starts[i] + t + 1];
       }
     }
-    return {x, y};
+    return {x.to(device_), y.to(device_)};
   }
 
   torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& targets) const {
@@ -536,6 +537,7 @@ class Trainer {
   fsdp::Strategy& strategy_;
   fsdp::ProcessGroup& pg_;
   int rank_, world_;
+  c10::Device device_;  ///< where the model computes and the batches go
   TokenData data_;
   fsdp::FullyShardedSequential& fsdp_;
   fsdp::ShardedOptimizer& opt_;
@@ -544,6 +546,8 @@ class Trainer {
 };
 
 }  // namespace
+
+void check_strategy(const TrainConfig& config) { fsdp::Strategy check(Trainer::strategy_options(config)); }
 
 int run_rank(const TrainConfig& config, const std::map<std::string, std::string>& env) {
   install_stop_handlers();

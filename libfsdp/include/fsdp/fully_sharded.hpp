@@ -54,7 +54,7 @@ class FlatUnit {
   };
 
   /// Flattens `module`'s parameters, sharded over `group`; rank 0's values are broadcast so that
-  /// every rank starts equal. HYBRID_SHARD: `group` is the shard group and `replicate` the
+  /// every rank starts equal. The flat buffer lives where the parameters are (one device). HYBRID_SHARD: `group` is the shard group and `replicate` the
   /// replicate group of a DeviceMesh (gradients are averaged over both).
   FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy,
            ProcessGroup* replicate = nullptr);
@@ -133,17 +133,19 @@ struct MixedPrecision {
   std::optional<c10::ScalarType> buffer_dtype;
 };
 
-/// Lightning's "bf16-mixed" forward context on CPU: while it lives (and `on`), forward runs under
-/// CPU autocast to bfloat16; when it ends, autocast is as it was and its cache is cleared.
-class CpuAutocastBf16 {
+/// Lightning's "bf16-mixed" forward context: while it lives (and `on`), forward runs under
+/// autocast to bfloat16 on `device` (CPU or CUDA); when it ends, autocast is as it was and its
+/// cache is cleared.
+class AutocastBf16 {
  public:
-  explicit CpuAutocastBf16(bool on);
-  ~CpuAutocastBf16();
-  CpuAutocastBf16(const CpuAutocastBf16&) = delete;
-  CpuAutocastBf16& operator=(const CpuAutocastBf16&) = delete;
+  explicit AutocastBf16(bool on, c10::DeviceType device = c10::DeviceType::CPU);
+  ~AutocastBf16();
+  AutocastBf16(const AutocastBf16&) = delete;
+  AutocastBf16& operator=(const AutocastBf16&) = delete;
 
  private:
   bool on_;
+  c10::DeviceType device_;
   bool was_enabled_ = false;
   c10::ScalarType was_dtype_ = c10::ScalarType::BFloat16;
 };

@@ -107,6 +107,10 @@ class ProcessGroup {
   int rank() const noexcept;
   int size() const noexcept;
   Backend backend() const noexcept;
+  /// Where its collectives run: the CPU for gloo; for nccl this rank's GPU (LOCAL_RANK's, modulo
+  /// the GPUs visible), made the current CUDA device when the group was made. A host tensor given
+  /// to an nccl collective goes through a copy there.
+  c10::Device device() const noexcept;
   std::chrono::milliseconds timeout() const noexcept;
   const CollectiveStats& stats() const noexcept;
 

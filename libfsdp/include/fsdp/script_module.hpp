@@ -44,6 +44,9 @@ class ScriptModuleImpl : public torch::nn::Module {
   std::size_t buffer_count() const;
   /// Training or evaluation mode, for the script as for the mirror.
   void train(bool on = true) override;
+  /// Moves the script, buffers included, to `device`; the mirror's parameters, being the script's
+  /// tensors, move with it.
+  void to(torch::Device device, bool non_blocking = false) override;
 
  private:
   std::unique_ptr<torch::jit::Module> script_;

@@ -40,7 +40,10 @@ namespace fsdp {
 
 /// FSDPStrategy's constructor arguments.
 struct StrategyOptions {
-  std::optional<Backend> process_group_backend;  ///< default: gloo (the CPU's), nccl on CUDA
+  /// Fabric's accelerator: "cpu"; "cuda" (or "gpu"): each rank computes on the GPU its
+  /// LOCAL_RANK names, modulo the GPUs visible; "auto": cuda when a GPU is visible, else cpu.
+  std::string accelerator = "cpu";
+  std::optional<Backend> process_group_backend;  ///< default: gloo on the CPU, nccl on CUDA
   std::chrono::milliseconds timeout = kDefaultTimeout;
   bool cpu_offload = false;
   /// Explicit reduce dtype; otherwise from `precision`.
@@ -93,6 +96,9 @@ class Strategy {
   ProcessGroup& group();
   int global_rank();
   int world_size();
+  /// Where this rank's model computes (Fabric's root_device): the CPU, or its GPU. Inputs go
+  /// there; setup_module moves the model there. After setup_environment.
+  c10::Device root_device();
 
   /// Wraps `module` into FSDP units by the policy, sharded by the strategy, activation
   /// checkpointing applied. The strategy owns the result.
@@ -140,6 +146,8 @@ class Strategy {
   FullyShardedSequential& adopt();
 
   StrategyOptions options_;
+  c10::DeviceType device_type_ = c10::DeviceType::CPU;  ///< the accelerator's
+  std::optional<c10::Device> root_device_;           ///< set by setup_environment
   ShardingStrategy sharding_;
   std::unique_ptr<ProcessGroup> owned_group_;
   ProcessGroup* group_ = nullptr;
