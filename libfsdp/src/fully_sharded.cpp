@@ -16,15 +16,15 @@
 
 namespace fsdp {
 
-AutocastBf16::AutocastBf16(bool on, c10::DeviceType device) : on_(on), device_(device) {
+Autocast::Autocast(bool on, c10::DeviceType device, c10::ScalarType dtype) : on_(on), device_(device) {
   if (!on_) return;
   const detail::AutocastState was = detail::autocast_state(device_);
   was_enabled_ = was.enabled;
   was_dtype_ = was.dtype;
-  detail::set_autocast_state(device_, {true, at::kBFloat16});
+  detail::set_autocast_state(device_, {true, dtype});
 }
 
-AutocastBf16::~AutocastBf16() {
+Autocast::~Autocast() {
   if (!on_) return;
   detail::set_autocast_state(device_, {was_enabled_, was_dtype_});
   at::autocast::clear_cache();
@@ -123,8 +123,15 @@ ShardingStrategy sharding_strategy_from_string(std::string_view name) {
 
 MixedPrecision mixed_precision_of(std::string_view precision) {
   MixedPrecision mp;
-  if (precision != "32-true") mp.reduce_dtype = c10::ScalarType::BFloat16;
+  if (precision == "16-mixed") mp.reduce_dtype = c10::ScalarType::Half;
+  else if (precision != "32-true") mp.reduce_dtype = c10::ScalarType::BFloat16;
   return mp;
+}
+
+std::optional<c10::ScalarType> autocast_dtype_of(std::string_view precision) {
+  if (precision == "bf16-mixed") return c10::ScalarType::BFloat16;
+  if (precision == "16-mixed") return c10::ScalarType::Half;
+  return std::nullopt;
 }
 
 FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy, ProcessGroup* replicate)

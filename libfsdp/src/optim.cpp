@@ -109,4 +109,60 @@ void ShardedOptimizer::step(double lr) {
   }
 }
 
+ShardedGradScaler::ShardedGradScaler(ShardedOptimizer& optimizer, GradScalerOptions options)
+    : optimizer_(optimizer), options_(options), scale_(options.init_scale) {
+  if (!(options_.init_scale > 0) || !std::isfinite(options_.init_scale)) throw Error("grad scaler: init_scale must be a positive finite number");
+  if (!(options_.growth_factor > 1.0)) throw Error("grad scaler: growth_factor must be above 1");
+  if (!(options_.backoff_factor > 0.0 && options_.backoff_factor < 1.0)) throw Error("grad scaler: backoff_factor must be between 0 and 1");
+  if (options_.growth_interval < 1) throw Error("grad scaler: growth_interval must be at least 1");
+}
+
+torch::Tensor ShardedGradScaler::scale(const torch::Tensor& loss) const { return loss * scale_; }
+
+bool ShardedGradScaler::unscale() {
+  if (unscaled_) return found_inf_;
+  torch::NoGradGuard no_grad;
+  const double inv = 1.0 / scale_;
+  torch::Tensor bad;  // on the shards' device: one copy to the host, after the collective
+  for (const auto& unit : optimizer_.model().units()) {
+    if (!unit || !unit->shard().grad().defined()) continue;
+    torch::Tensor& g = unit->shard().mutable_grad();
+    torch::Tensor here = g.isfinite().logical_not().any().to(torch::kFloat).reshape({1});
+    bad = bad.defined() ? torch::maximum(bad, here) : here;
+    g.mul_(inv);  // as torch's _amp_foreach_non_finite_check_and_unscale_: unscaled either way
+  }
+  if (!bad.defined()) bad = torch::zeros({1}, torch::kFloat);
+  // Every rank must agree: a rank whose slice is finite skips the step too (ShardedGradScaler).
+  optimizer_.model().group().all_reduce(bad, ReduceOp::kMax);
+  found_inf_ = bad.item<float>() != 0.0f;
+  unscaled_ = true;
+  return found_inf_;
+}
+
+bool ShardedGradScaler::step(double lr) {
+  if (unscale()) return false;
+  optimizer_.step(lr);
+  return true;
+}
+
+void ShardedGradScaler::update() {
+  if (!unscaled_) throw Error("grad scaler: update() before this step's unscale() or step()");
+  if (found_inf_) {
+    scale_ *= options_.backoff_factor;
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ == options_.growth_interval) {
+    const double grown = scale_ * options_.growth_factor;
+    if (std::isfinite(grown)) scale_ = grown;  // torch keeps a scale that would overflow
+    growth_tracker_ = 0;
+  }
+  unscaled_ = found_inf_ = false;
+}
+
+void ShardedGradScaler::load(double scale, std::int64_t growth_tracker) {
+  if (!(scale > 0) || !std::isfinite(scale)) throw Error("grad scaler: a saved scale of " + std::to_string(scale));
+  scale_ = scale;
+  growth_tracker_ = growth_tracker;
+  unscaled_ = found_inf_ = false;
+}
+
 }  // namespace fsdp

@@ -65,13 +65,13 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   if (!precisions.count(options_.precision)) {
     throw Error("precision '" + options_.precision + "' is not supported (32-true, bf16-mixed, bf16-true, 16-mixed)");
   }
-  if (options_.precision == "16-mixed") {
-    if (!cuda) throw Error("precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA: accelerator cuda (use bf16-mixed)");
-    throw Error("precision 16-mixed needs a gradient scaler, which libfsdp does not have yet (use bf16-mixed)");
+  if (options_.precision == "16-mixed" && !cuda) {
+    throw Error("precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA: accelerator cuda (use bf16-mixed)");
   }
 }
 
 Strategy::~Strategy() {
+  scalers_.clear();
   optimizers_.clear();
   modules_.clear();
   mesh_.reset();
@@ -199,6 +199,7 @@ FullyShardedSequential& Strategy::adopt() {
 ShardedOptimizer& Strategy::setup_optimizer(const OptimizerOptions& options) {
   if (modules_.empty()) throw Error("set up the model (setup_module) before its optimizer");
   optimizers_.push_back(std::make_unique<ShardedOptimizer>(*modules_.back(), options));
+  if (options_.precision == "16-mixed") scalers_[optimizers_.back().get()] = std::make_unique<ShardedGradScaler>(*optimizers_.back());
   return *optimizers_.back();
 }
 
@@ -216,7 +217,31 @@ void Strategy::setup_optimizer(const torch::optim::Optimizer& optimizer) {
 }
 
 double Strategy::clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, bool error_if_nonfinite) {
+  // Under 16-mixed the norm is the true gradients' (Lightning unscales before clipping); a step
+  // with an inf or NaN is skipped by the scaler, so its norm is no error.
+  if (ShardedGradScaler* scaler = grad_scaler(optimizer); scaler && scaler->unscale()) return INFINITY;
   return optimizer.clip_grad_norm(max_norm, error_if_nonfinite);
+}
+
+ShardedGradScaler* Strategy::grad_scaler(const ShardedOptimizer& optimizer) {
+  auto it = scalers_.find(&optimizer);
+  return it == scalers_.end() ? nullptr : it->second.get();
+}
+
+torch::Tensor Strategy::scale_loss(const ShardedOptimizer& optimizer, const torch::Tensor& loss) {
+  ShardedGradScaler* scaler = grad_scaler(optimizer);
+  return scaler ? scaler->scale(loss) : loss;
+}
+
+bool Strategy::optimizer_step(ShardedOptimizer& optimizer, double lr) {
+  ShardedGradScaler* scaler = grad_scaler(optimizer);
+  if (!scaler) {
+    optimizer.step(lr);
+    return true;
+  }
+  const bool stepped = scaler->step(lr);
+  scaler->update();
+  return stepped;
 }
 
 void Strategy::barrier() { group().barrier(); }

@@ -60,7 +60,7 @@ std::vector<torch::Tensor> reference(const c10::Device& device, bool bf16) {
     opt.zero_grad();
     torch::Tensor loss;
     {
-      fsdp::AutocastBf16 autocast(bf16, device.type());
+      fsdp::Autocast autocast(bf16, device.type());
       loss = torch::mse_loss(m->forward(x).to(torch::kFloat), y);
     }
     loss.backward();
@@ -93,20 +93,24 @@ fsdp::StrategyOptions options(const std::string& device, const std::string& prec
   return o;
 }
 
-// Trains the strategy's model for kSteps; returns its full parameters.
-std::vector<std::pair<std::string, torch::Tensor>> train(fsdp::Strategy& s, fsdp::FullyShardedSequential& m, fsdp::ShardedOptimizer& opt) {
-  const bool bf16 = s.options().precision == "bf16-mixed";
+// Trains the strategy's model for kSteps through the strategy's precision (autocast; 16-mixed:
+// the loss scaled, the gradients unscaled before clipping, a step with an overflow skipped);
+// returns its full parameters and counts the steps taken.
+std::vector<std::pair<std::string, torch::Tensor>> train(fsdp::Strategy& s, fsdp::FullyShardedSequential& m, fsdp::ShardedOptimizer& opt,
+                                                         int* taken = nullptr) {
+  const auto dtype = fsdp::autocast_dtype_of(s.options().precision);
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = batch(step, s.root_device());
     opt.zero_grad();
     torch::Tensor loss;
     {
-      fsdp::AutocastBf16 autocast(bf16, s.root_device().type());
+      fsdp::Autocast autocast(dtype.has_value(), s.root_device().type(), dtype.value_or(torch::kBFloat16));
       loss = torch::mse_loss(m.forward(x).to(torch::kFloat), y);
     }
-    m.backward(loss);
-    opt.clip_grad_norm(kClip);
-    opt.step(kLr);
+    m.backward(s.scale_loss(opt, loss));
+    s.clip_gradients_norm(opt, kClip, /*error_if_nonfinite=*/false);
+    const bool stepped = s.optimizer_step(opt, kLr);
+    if (taken) *taken += stepped ? 1 : 0;
   }
   return m.full_state_dict();
 }
@@ -140,8 +144,10 @@ int main(int argc, char** argv) {
   try {
     const c10::Device where = device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
     const std::vector<torch::Tensor> fp32 = reference(where, false);
-    for (const std::string precision : {"32-true", "bf16-mixed"}) {
-      const bool bf16 = precision == "bf16-mixed";
+    std::vector<std::string> precisions{"32-true", "bf16-mixed"};
+    if (device == "cuda") precisions.push_back("16-mixed");  // float16 autocast and a grad scaler: CUDA only
+    for (const std::string& precision : precisions) {
+      const bool bf16 = precision == "bf16-mixed", fp16 = precision == "16-mixed";
       const std::vector<torch::Tensor> want = bf16 ? reference(where, true) : fp32;
       fsdp::Strategy s(options(device, precision));
       s.setup_environment(no_environment());
@@ -151,12 +157,22 @@ int main(int argc, char** argv) {
       auto& m = s.setup_module(model());
       for (const auto& p : m.parameters()) EXPECT(p.device() == where);
       auto& opt = s.setup_optimizer({fsdp::OptimizerKind::kAdamW, kLr});
-      const auto got = train(s, m, opt);
+      EXPECT((s.grad_scaler(opt) != nullptr) == fp16);
+      int taken = 0;
+      const auto got = train(s, m, opt, &taken);
       const double diff = max_relative(want, got);
       const double from_fp32 = max_relative(fp32, got);
       std::cout << device << " " << precision << ": largest relative difference from plain LibTorch " << diff << " (from its 32-true "
-                << from_fp32 << ")\n";
-      EXPECT(diff <= 1e-5);
+                << from_fp32 << "), " << taken << " of " << kSteps << " steps taken\n";
+      if (fp16) {
+        // No C++ GradScaler to compare with: float16 autocast must have run (not the 32-true
+        // result), the steps the scaler skipped (an overflow at the first scales) cost what they cost.
+        std::cout << device << " 16-mixed: grad scale now " << s.grad_scaler(opt)->get_scale() << "\n";
+        EXPECT(from_fp32 > 1e-4 && from_fp32 < 0.5 && taken >= 1);
+        for (const auto& [name, t] : got) EXPECT(torch::isfinite(t).all().item<bool>());
+      } else {
+        EXPECT(diff <= 1e-5 && taken == kSteps);
+      }
       if (bf16) EXPECT(from_fp32 > 1e-3);
 
       // The trained model saved from the device, loaded into a fresh one there.

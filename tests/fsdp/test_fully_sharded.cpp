@@ -42,11 +42,12 @@ std::pair<torch::Tensor, torch::Tensor> batch(int step) {
   return {torch::randn({kBatch, 6}), torch::randn({kBatch, 3})};
 }
 
-// Single process, whole batch.
-std::vector<std::pair<std::string, torch::Tensor>> reference() {
+// Single process, whole batch; step `skip` not taken (a grad scaler's skipped step).
+std::vector<std::pair<std::string, torch::Tensor>> reference(int skip = -1) {
   auto m = model();
   torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
   for (int s = 0; s < kSteps; ++s) {
+    if (s == skip) continue;
     auto [x, y] = batch(s);
     opt.zero_grad();
     torch::mse_loss(m->forward(x), y).backward();
@@ -101,7 +102,52 @@ struct CounterImpl : torch::nn::Module {
 };
 TORCH_MODULE(Counter);
 
+// ShardedGradScaler at 2 ranks, scale 1024 growing every 2 clean steps: at step 2 rank 1's slice
+// holds an inf, so both ranks skip that step and halve the scale. The result is single-process SGD
+// without step 2 (scaling by a power of two is exact), and after each update the scale is 1024,
+// 2048 (two clean steps), 1024 (the inf), 1024, 2048.
+int scaler_rank_main() {
+  std::map<std::string, std::string> env;
+  for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = std::getenv(k);
+  fsdp::ProcessGroup pg(*fsdp::Rendezvous::from_environment(env), fsdp::Backend::kGloo, std::chrono::seconds(60));
+  fsdp::FullyShardedSequential m(model(), pg, fsdp::ShardingStrategy::kFullShard);
+  fsdp::ShardedOptimizer opt(m, {fsdp::OptimizerKind::kSgd, 0.1, 0.9, 0.999, 1e-8, 0.0, 0.0});
+  fsdp::ShardedGradScaler scaler(opt, {1024.0, 2.0, 0.5, 2});
+  const int per = kBatch / pg.size();
+  const std::vector<double> want_scale{1024, 2048, 1024, 1024, 2048};  // after each update
+  const std::vector<std::int64_t> want_tracker{1, 0, 0, 1, 0};
+  int bad = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    opt.zero_grad();
+    m.backward(scaler.scale(torch::mse_loss(m.forward(x.narrow(0, pg.rank() * per, per)), y.narrow(0, pg.rank() * per, per))));
+    if (s == 2 && pg.rank() == 1) {
+      torch::NoGradGuard no_grad;
+      m.units().front()->shard().mutable_grad()[0] = INFINITY;
+    }
+    const bool stepped = scaler.step(0.1);
+    scaler.update();
+    if (stepped != (s != 2) || scaler.get_scale() != want_scale[static_cast<std::size_t>(s)] ||
+        scaler.growth_tracker() != want_tracker[static_cast<std::size_t>(s)]) {
+      std::cerr << "rank " << pg.rank() << " step " << s << ": stepped " << stepped << ", scale " << scaler.get_scale() << ", tracker "
+                << scaler.growth_tracker() << "\n";
+      bad = 1;
+    }
+  }
+  const auto got = m.full_state_dict();
+  const auto want = reference(/*skip=*/2);
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    if (!got[i].second.allclose(want[i].second, 1e-5, 1e-6)) {
+      std::cerr << "rank " << pg.rank() << " scaler: " << got[i].first << " differs from single-process SGD without step 2 by "
+                << (got[i].second - want[i].second).abs().max().item<double>() << "\n";
+      bad = 1;
+    }
+  }
+  return bad || got.size() != want.size();
+}
+
 int rank_main(const std::string& strategy) {
+  if (strategy == "scaler") return scaler_rank_main();
   std::map<std::string, std::string> env;
   for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = std::getenv(k);
   fsdp::ProcessGroup pg(*fsdp::Rendezvous::from_environment(env), fsdp::Backend::kGloo, std::chrono::seconds(60));
@@ -307,6 +353,13 @@ int main(int argc, char** argv) {
     // size 3 (SHARD_GRAD_OP) for the last 2 steps; equal to 5 single-process steps.
     const bool ok = save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3);
     std::cout << (ok ? "ok   " : "FAIL ") << "3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps\n";
+    (ok ? passed : failed)++;
+  }
+  {
+    const bool ok = fsdp_test::launch_ranks("scaler", 2);
+    std::cout << (ok ? "ok   " : "FAIL ")
+              << "ShardedGradScaler at world size 2: an inf in one rank's slice skips the step on both ranks and halves the scale, 2 clean "
+                 "steps double it; equals single-process SGD without the skipped step\n";
     (ok ? passed : failed)++;
   }
   for (const char* prefetch : {"none", "forward"}) {

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """PyTorch 2.x reads what libfsdp saved on a GPU (tests/gpu/run.sh).
 
-    check_torch2.py device DIR       # fsdp_device_test's kept checkpoints: {32-true,bf16-mixed}-{sharded,full.pt}
+    check_torch2.py device DIR       # fsdp_device_test's kept checkpoints: {32-true,bf16-mixed,16-mixed}-{sharded,full.pt}
     check_torch2.py train CKPT PT    # an fsdp-train checkpoint and fsdp-ckpt-merge's file of it
 
 Every tensor of a DCP directory is loaded with dcp.load (no process group), every full file with
@@ -53,7 +53,9 @@ print(f"torch {torch.__version__}")
 mode = sys.argv[1]
 if mode == "device":
     d = sys.argv[2]
-    for precision in ("32-true", "bf16-mixed"):
+    for precision in ("32-true", "bf16-mixed", "16-mixed"):
+        if not os.path.isdir(os.path.join(d, f"{precision}-sharded")):
+            continue
         sharded = load_dcp(os.path.join(d, f"{precision}-sharded"))
         full = flat(torch.load(os.path.join(d, f"{precision}-full.pt"), weights_only=True))
         print(f"{precision}: dcp.load read {len(sharded)} tensors, torch.load(weights_only=True) {len(full)}")

@@ -3,10 +3,10 @@
 # The CUDA/NCCL path, on a machine with a GPU and PyTorch 2.x (pip, with CUDA): builds libfsdp,
 # the device test and fsdp-train against that PyTorch's own LibTorch (FSDP_HAS_NCCL=1; libckpt and
 # the rest come prebuilt in .dev/, see prepare.sh), then
-#  1. fsdp_device_test cuda: a world of one on nccl, 32-true and bf16-mixed against plain
+#  1. fsdp_device_test cuda: a world of one on nccl, 32-true, bf16-mixed and 16-mixed against plain
 #     LibTorch on the GPU, sharded and full checkpoints saved from the GPU and loaded back;
 #  2. PyTorch 2.x loads those checkpoints (dcp.load, torch.load(weights_only=True));
-#  3. fsdp-train --device cuda (32-true, then bf16-mixed), its checkpoint merged and loaded by
+#  3. fsdp-train --device cuda (32-true, bf16-mixed, 16-mixed), a checkpoint merged and loaded by
 #     PyTorch 2.x, and resumed on the CPU at 2 ranks (gloo): a checkpoint is the same from either.
 # Usage (repository root): bash tests/gpu/run.sh [OUTDIR]. Exit status: the number of failed steps.
 set -uo pipefail
@@ -60,7 +60,7 @@ echo "torch $torch_version at $torch_dir, cuda available: $torch_cuda, cxx11 abi
 [[ $cxx11_abi == 1 ]] || { echo "this torch uses the old C++ ABI; libckpt.a was built with the new one"; exit 100; }
 [[ -f .dev/lib/libckpt.a ]] || { echo ".dev/ is empty: run tests/gpu/prepare.sh here and carry .dev"; exit 100; }
 
-step "build against torch $torch_version's LibTorch, with NCCL"
+step "build against torch $torch_version's LibTorch (FSDP_HAS_NCCL=$nccl)"
 b=build-gpu
 mkdir -p $b/obj
 flags=(-std=c++20 -O2 -g0 -fPIC -D_GLIBCXX_USE_CXX11_ABI=1 -DFSDP_HAS_NCCL=$nccl -DUSE_C10D_GLOO -DUSE_C10D_NCCL -DUSE_DISTRIBUTED
@@ -99,11 +99,13 @@ step "2. PyTorch $torch_version loads what the GPU saved"
 step "3. fsdp-train --device cuda"
 text=testdata/text/fsdp-tools-docs.txt
 export LD_LIBRARY_PATH=.dev/lib:${LD_LIBRARY_PATH:-}
-rm -rf "$out/train" "$out/train_bf16" "$out/train_cpu"
+rm -rf "$out/train" "$out/train_bf16" "$out/train_fp16" "$out/train_cpu"
 check $b/fsdp-train --device cuda --nproc 1 --model gpt --data $text --steps 60 --lr 3e-3 --log-every 20 \
   --ckpt-dir "$out/train" --save-every 30 --log-jsonl "$out/train.jsonl"
 check $b/fsdp-train --device cuda --nproc 1 --model gpt --data $text --steps 30 --lr 3e-3 --log-every 10 --precision bf16-mixed \
   --ckpt-dir "$out/train_bf16" --log-jsonl "$out/train_bf16.jsonl"
+check $b/fsdp-train --device cuda --nproc 1 --model gpt --data $text --steps 30 --lr 3e-3 --log-every 10 --precision 16-mixed \
+  --ckpt-dir "$out/train_fp16" --log-jsonl "$out/train_fp16.jsonl"
 ck=$(ls -d "$out"/train/step-* 2>/dev/null | tail -n 1)
 if [[ -n $ck ]]; then
   check .dev/bin/fsdp-ckpt-inspect verify --deep "$ck"

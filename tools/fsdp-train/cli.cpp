@@ -74,8 +74,9 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
       ->group(s);
   app->add_option("--precision", c.precision,
                   "32-true; bf16-mixed (fp32 parameters and optimizer, bfloat16 autocast compute and gradient reduction, "
-                  "as Lightning's); bf16-true (the model itself in bfloat16)")
-      ->check(CLI::IsMember({"32-true", "bf16-mixed", "bf16-true"}))->group(s);
+                  "as Lightning's); bf16-true (the model itself in bfloat16); 16-mixed (--device cuda: float16 autocast and "
+                  "reduction, a sharded grad scaler skipping steps whose gradients overflow)")
+      ->check(CLI::IsMember({"32-true", "bf16-mixed", "bf16-true", "16-mixed"}))->group(s);
   const auto dtypes = CLI::IsMember({"float32", "bfloat16", "float16"});
   app->add_option("--param-dtype", c.param_dtype,
                   "FSDP's MixedPrecision param_dtype: gather and compute with the parameters in this dtype while the shards "

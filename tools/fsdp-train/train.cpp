@@ -206,11 +206,16 @@ class Trainer {
       for (int m = 0; m < c_.accumulate; ++m) {
         auto [x, y] = batch(step, m, false);
         torch::Tensor loss = forward_loss(x, y) / c_.accumulate;
-        fsdp_.backward(loss, /*sync=*/m + 1 == c_.accumulate);  // no_backward_sync until the last micro-batch
+        // no_backward_sync until the last micro-batch; 16-mixed: backward of the scaled loss
+        fsdp_.backward(strategy_.scale_loss(opt_, loss), /*sync=*/m + 1 == c_.accumulate);
         local += loss.item<double>();
       }
-      const double norm = c_.grad_clip > 0 ? opt_.clip_grad_norm(c_.grad_clip) : -1;
-      opt_.step(lr);
+      const double norm = c_.grad_clip > 0 ? strategy_.clip_gradients_norm(opt_, c_.grad_clip, /*error_if_nonfinite=*/false) : -1;
+      if (!strategy_.optimizer_step(opt_, lr)) {
+        const fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_);
+        say("step " + std::to_string(step) + ": the gradients hold an inf or NaN; step skipped, grad scale now " +
+            std::to_string(scaler ? scaler->get_scale() : 0.0));
+      }
       // One collective per step: every rank's loss (their mean is the global batch's), whether it
       // was asked to stop, and its peak memory.
       const Stats stats = gather_stats(local);
@@ -322,8 +327,9 @@ class Trainer {
   }
 
   torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& y) {
-    // Lightning's "bf16-mixed": forward and loss under autocast to bfloat16 on the device.
-    fsdp::AutocastBf16 autocast(c_.precision == "bf16-mixed", device_.type());
+    // Lightning's bf16-mixed and 16-mixed: forward and loss under autocast on the device.
+    const auto dtype = fsdp::autocast_dtype_of(c_.precision);
+    fsdp::Autocast autocast(dtype.has_value(), device_.type(), dtype.value_or(c10::ScalarType::BFloat16));
     const torch::Tensor logits = fsdp_.forward(x);
     // A script's vocabulary is its own; the data's tokens were checked against --vocab-size.
     if (logits.dim() != 3 || logits.size(0) != x.size(0) || logits.size(1) != x.size(1) || logits.size(2) != c_.vocab_size) {
@@ -466,6 +472,13 @@ class Trainer {
                                         {pk::make_str("last_lr"), pk::make_float(learning_rate(c_, step))}});
     state["data"] = pk::make_dict({{pk::make_str("seed"), pk::make_int(static_cast<std::int64_t>(c_.seed))},
                                    {pk::make_str("next_step"), pk::make_int(step + 1)}});
+    if (const fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_)) {  // 16-mixed: GradScaler.state_dict()'s
+      state["grad_scaler"] = pk::make_dict({{pk::make_str("scale"), pk::make_float(scaler->get_scale())},
+                                            {pk::make_str("growth_factor"), pk::make_float(scaler->options().growth_factor)},
+                                            {pk::make_str("backoff_factor"), pk::make_float(scaler->options().backoff_factor)},
+                                            {pk::make_str("growth_interval"), pk::make_int(scaler->options().growth_interval)},
+                                            {pk::make_str("_growth_tracker"), pk::make_int(scaler->growth_tracker())}});
+    }
     const auto t0 = std::chrono::steady_clock::now();
     if (rank_ == 0) fs::create_directories(full ? dir.parent_path() : dir);
     strategy_.save_checkpoint(dir, state);
@@ -529,6 +542,13 @@ class Trainer {
     check_same_model(c_, meta, path);
     std::int64_t step = opt_.steps();
     if (const pk::Value* s = lookup(meta.get(), "step"); s && s->int64()) step = *s->int64();
+    if (fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_)) {
+      const pk::Value* saved = lookup(meta.get(), "grad_scaler");
+      const pk::Value* scale = lookup(saved, "scale");
+      const pk::Value* tracker = lookup(saved, "_growth_tracker");
+      const double* value = scale ? scale->get_if<double>() : nullptr;
+      if (value && tracker && tracker->int64()) scaler->load(*value, *tracker->int64());
+    }
     say("resumed from " + path.string() + " at step " + std::to_string(step));
     return step;
   }

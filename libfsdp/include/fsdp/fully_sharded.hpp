@@ -133,15 +133,15 @@ struct MixedPrecision {
   std::optional<c10::ScalarType> buffer_dtype;
 };
 
-/// Lightning's "bf16-mixed" forward context: while it lives (and `on`), forward runs under
-/// autocast to bfloat16 on `device` (CPU or CUDA); when it ends, autocast is as it was and its
-/// cache is cleared.
-class AutocastBf16 {
+/// The forward context of Lightning's mixed precisions: while it lives (and `on`), forward runs
+/// under autocast to `dtype` on `device` (CPU or CUDA); when it ends, autocast is as it was and
+/// its cache is cleared. bf16-mixed: bfloat16, on either; 16-mixed: float16, on CUDA.
+class Autocast {
  public:
-  explicit AutocastBf16(bool on, c10::DeviceType device = c10::DeviceType::CPU);
-  ~AutocastBf16();
-  AutocastBf16(const AutocastBf16&) = delete;
-  AutocastBf16& operator=(const AutocastBf16&) = delete;
+  explicit Autocast(bool on, c10::DeviceType device = c10::DeviceType::CPU, c10::ScalarType dtype = c10::ScalarType::BFloat16);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
 
  private:
   bool on_;
@@ -150,8 +150,13 @@ class AutocastBf16 {
   c10::ScalarType was_dtype_ = c10::ScalarType::BFloat16;
 };
 
+/// The autocast dtype of a precision name: bfloat16 for bf16-mixed, float16 for 16-mixed,
+/// nothing for the others (no autocast).
+std::optional<c10::ScalarType> autocast_dtype_of(std::string_view precision);
+
 /// The MixedPrecision a precision name implies for the units: bfloat16 reduction for
-/// "bf16-mixed" and "bf16-true" (whose model the caller converts), nothing for "32-true".
+/// "bf16-mixed" and "bf16-true" (whose model the caller converts), float16 for "16-mixed" (as
+/// Lightning's FSDPPrecision), nothing for "32-true".
 MixedPrecision mixed_precision_of(std::string_view precision);
 
 /// Which children of the Sequential become FSDP units (FSDP's auto_wrap_policy). The default:

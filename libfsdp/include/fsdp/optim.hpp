@@ -57,12 +57,57 @@ class ShardedOptimizer {
   torch::Tensor& buffer(std::size_t unit, const std::string& name);
   /// Bytes of optimizer state this rank holds (its buffers, laid out as its shards).
   std::int64_t state_bytes() const;
+  FullyShardedSequential& model() noexcept { return model_; }
 
  private:
   FullyShardedSequential& model_;
   OptimizerOptions options_;
   std::int64_t steps_ = 0;
   std::vector<std::map<std::string, torch::Tensor>> buffers_;  ///< per unit (empty for units without parameters)
+};
+
+/// torch's GradScaler options (ShardedGradScaler's defaults).
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0, backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+};
+
+/// FSDP's ShardedGradScaler, what Lightning's 16-mixed steps through: the loss is multiplied by
+/// a scale before backward so that float16 gradients do not underflow; before the step the
+/// shards' gradients are divided by it, and a step whose gradients hold an inf or NaN on any rank
+/// is skipped on every rank. update() then halves the scale (backoff_factor) after a skipped step
+/// and doubles it (growth_factor) after growth_interval steps in a row without one, as
+/// torch.amp's update does. Per step: scale(loss).backward (through the model), unscale() before
+/// clipping if you clip, step(lr), update().
+class ShardedGradScaler {
+ public:
+  /// Throws fsdp::Error for a scale or factors torch refuses.
+  ShardedGradScaler(ShardedOptimizer& optimizer, GradScalerOptions options = {});
+
+  /// `loss` times the scale.
+  torch::Tensor scale(const torch::Tensor& loss) const;
+  /// Divides the shards' gradients by the scale (once a step; step() does it if you did not) and
+  /// finds whether any rank's hold an inf or NaN: a collective over the model's group. Returns that.
+  bool unscale();
+  /// The optimizer's step at `lr`, unless an inf or NaN was found; returns whether it stepped.
+  bool step(double lr);
+  /// The scale for the next step; clears this step's unscaling.
+  void update();
+
+  double get_scale() const noexcept { return scale_; }
+  /// Steps in a row without an inf or NaN since the scale last changed (torch's _growth_tracker).
+  std::int64_t growth_tracker() const noexcept { return growth_tracker_; }
+  /// What torch's GradScaler.state_dict() holds besides the options: scale and _growth_tracker.
+  void load(double scale, std::int64_t growth_tracker);
+  const GradScalerOptions& options() const noexcept { return options_; }
+
+ private:
+  ShardedOptimizer& optimizer_;
+  GradScalerOptions options_;
+  double scale_;
+  std::int64_t growth_tracker_ = 0;
+  bool unscaled_ = false, found_inf_ = false;
 };
 
 }  // namespace fsdp

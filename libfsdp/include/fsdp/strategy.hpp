@@ -119,8 +119,19 @@ class Strategy {
   void setup_optimizer(const torch::optim::Optimizer& optimizer);
 
   /// The global gradient norm, clipped to `max_norm`. error_if_nonfinite: a NaN or infinite norm
-  /// is an error and the gradients are left as they are.
+  /// is an error and the gradients are left as they are. Under 16-mixed the gradients are
+  /// unscaled first, and a step the scaler will skip returns infinity without clipping.
   double clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, bool error_if_nonfinite = true);
+
+  /// Lightning's precision plugin around backward and the step. 16-mixed: `optimizer` has a
+  /// ShardedGradScaler (made by setup_optimizer); scale_loss multiplies the loss by its scale
+  /// (run backward on the result), and optimizer_step steps unless a rank's gradients hold an inf
+  /// or NaN, then updates the scale; returns whether it stepped. Any other precision: the loss as
+  /// it is, and a plain step.
+  torch::Tensor scale_loss(const ShardedOptimizer& optimizer, const torch::Tensor& loss);
+  bool optimizer_step(ShardedOptimizer& optimizer, double lr);
+  /// The optimizer's grad scaler under 16-mixed, else nullptr.
+  ShardedGradScaler* grad_scaler(const ShardedOptimizer& optimizer);
 
   void barrier();
 
@@ -154,6 +165,7 @@ class Strategy {
   std::unique_ptr<DeviceMesh> mesh_;
   std::vector<std::unique_ptr<FullyShardedSequential>> modules_;
   std::vector<std::unique_ptr<ShardedOptimizer>> optimizers_;
+  std::map<const ShardedOptimizer*, std::unique_ptr<ShardedGradScaler>> scalers_;  ///< 16-mixed
   std::filesystem::path store_;  ///< the FileStore of a world of one, removed at the end
 };
 
