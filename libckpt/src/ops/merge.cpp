@@ -295,17 +295,22 @@ class Merger {
     };
   }
 
-  MergedEntry entry_of(const Leaf& l, const std::string& file) const {
+  // Counts `l` in `r` (its tensor bytes) and, when asked for, lists it under `name` (default:
+  // its own) in `file`.
+  void report(MergeResult& r, const Leaf& l, const std::string& file, const std::string* name = nullptr) const {
+    const std::uint64_t nbytes = l.tensor ? l.tensor->numel() * element_size(l.out) : 0;
+    r.tensor_bytes += nbytes;
+    if (!o_.report_entries) return;
     MergedEntry e;
-    e.name = l.name;
+    e.name = name ? *name : l.name;
     e.kind = l.kind == Leaf::kTensor ? "tensor" : l.kind == Leaf::kObject ? "object" : "meta";
     e.file = file;
     if (l.tensor) {
       e.dtype = l.out;
       e.shape = l.tensor->shape;
-      e.nbytes = l.tensor->numel() * element_size(l.out);
+      e.nbytes = nbytes;
     }
-    return e;
+    r.entries.push_back(std::move(e));
   }
 
   MergeResult torch(bool dry_run) {
@@ -342,12 +347,10 @@ class Merger {
 
     MergeResult result;
     std::size_t ntensors = 0;
+    const std::string file = output_.filename().string();
     for (const Leaf& l : leaves_) {
-      result.entries.push_back(entry_of(l, output_.filename().string()));
-      if (l.tensor) {
-        ++ntensors;
-        result.tensor_bytes += result.entries.back().nbytes;
-      }
+      report(result, l, file);
+      ntensors += l.tensor ? 1 : 0;
     }
     result.files.push_back({output_, total, ntensors});
     result.dropped = dropped_;
@@ -446,9 +449,7 @@ class Merger {
       Planned p{fname, plan_safetensors(std::move(entries), metadata, fname), {}};
       for (const auto& e : p.layout.entries) {
         p.leaves.push_back(by_name.at(e.name));
-        result.entries.push_back(entry_of(*by_name.at(e.name), fname));
-        result.entries.back().name = e.name;
-        result.tensor_bytes += e.nbytes();
+        report(result, *p.leaves.back(), fname, &e.name);
       }
       result.files.push_back({dir ? output_ / fname : output_, p.layout.size, p.leaves.size()});
       files.push_back(std::move(p));
@@ -458,7 +459,9 @@ class Merger {
       nlohmann::ordered_json j;
       j["metadata"]["total_size"] = result.tensor_bytes;
       std::map<std::string, std::string> weight_map;
-      for (const MergedEntry& e : result.entries) weight_map[e.name] = e.file;
+      for (const Planned& p : files) {
+        for (const auto& e : p.layout.entries) weight_map[e.name] = p.name;
+      }
       j["weight_map"] = weight_map;
       index = j.dump(2, ' ', true) + "\n";
       result.files.push_back({output_ / "model.safetensors.index.json", index.size(), 0});
@@ -502,8 +505,7 @@ class Merger {
       for (const Key& k : l.path) path.push_back(k.display());
       datasets.push_back({std::move(path), l.out, l.tensor->shape});
       leaves.push_back(&l);
-      result.entries.push_back(entry_of(l, output_.filename().string()));
-      result.tensor_bytes += result.entries.back().nbytes;
+      report(result, l, output_.filename().string());
     }
     if (leaves.empty()) throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt, "no tensor is selected");
     result.dropped = dropped_;

@@ -38,6 +38,8 @@ struct MergeOptions {
   std::optional<std::uint64_t> max_shard_size;
   Overwrite overwrite = Overwrite::kNo;
   unsigned threads = 0;                       ///< 0: the machine's cores
+  /// Fill MergeResult::entries (about 200 bytes an entry); false: only its files, counts and bytes.
+  bool report_entries = true;
   Progress* progress = nullptr;
   unsigned task_delay_ms = 0;                 ///< tests only (CopyOptions::task_delay_ms)
 };
@@ -59,7 +61,7 @@ struct MergedFile {
 };
 
 struct MergeResult {
-  std::vector<MergedEntry> entries;  ///< in output order
+  std::vector<MergedEntry> entries;  ///< in output order (MergeOptions::report_entries)
   std::vector<MergedFile> files;
   std::size_t dropped = 0;           ///< entries the filters, --model-only or --key left out
   std::uint64_t tensor_bytes = 0;
