@@ -386,21 +386,22 @@ class Sharder {
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       const Entry& e = entries_[i];
       plan_.planner_data[e.fqn] = e.path;
-      ShardedEntry out{e.fqn, e.tensor ? "tensor" : "object", std::nullopt, {}, 0, {}};
+      const bool report = o_.report_entries;
+      ShardedEntry out{report ? e.fqn : std::string(), e.tensor ? "tensor" : "object", std::nullopt, {}, 0, {}};
       if (!e.tensor) {
-        out.chunks.push_back({owner_[i][0], {}, {}});
+        if (report) out.chunks.push_back({owner_[i][0], {}, {}});
         plan_.objects.push_back({e.fqn, i, owner_[i][0], e.item});
-        r.entries.push_back(std::move(out));
+        if (report) r.entries.push_back(std::move(out));
         continue;
       }
       out.dtype = e.out;
-      out.shape = e.tensor->shape;
+      if (report) out.shape = e.tensor->shape;
       out.nbytes = e.tensor->numel() * element_size(e.out);
       r.tensor_bytes += out.nbytes;
       detail::DcpPlanTensor t{e.fqn, i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
       for (std::size_t k : chunk_order(i)) {
         const Holding& h = held_[i][k];
-        out.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
+        if (report) out.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
         // The closure names its holding by index (16 bytes: no allocation of its own); the box is
         // made when the tasks are.
         if (i > 0xffffffffu || k > 0xffffffffu) internal_error("shard: more than 2^32 entries or chunks");
@@ -415,9 +416,11 @@ class Sharder {
                             }});
       }
       plan_.tensors.push_back(std::move(t));
-      r.entries.push_back(std::move(out));
+      if (report) r.entries.push_back(std::move(out));
     }
-    for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
+    if (o_.report_entries) {
+      for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
+    }
     detail::validate_dcp_plan(plan_);
     files_ = detail::plan_dcp_files(plan_);
     for (const detail::DcpFilePlan& f : files_) {
@@ -521,7 +524,7 @@ class Sharder {
     } else {
       dir = detail::fresh_dir(output_, ".partial");
     }
-    const std::string fp = fingerprint();
+    const std::string fp = distributed ? fingerprint() : std::string();  // the plan's, which the processes compare
     std::vector<detail::DcpFilePlan> mine_files;
     for (const auto& f : files_) {
       if (mine(f.rank)) mine_files.push_back(f);

@@ -61,6 +61,8 @@ struct ShardOptions {
   std::uint64_t max_memory = std::uint64_t{1} << 30;
   Overwrite overwrite = Overwrite::kNo;
   unsigned threads = 0;                       ///< 0: the machine's cores
+  /// Fill ShardResult::entries (each with its chunks); false: only its files, counts and bytes.
+  bool report_entries = true;
   Progress* progress = nullptr;
   unsigned task_delay_ms = 0;                 ///< tests only (CopyOptions::task_delay_ms)
   int process_index = 0;                      ///< distributed: this process among process_count
@@ -91,7 +93,7 @@ struct ShardedFile {
 };
 
 struct ShardResult {
-  std::vector<ShardedEntry> entries;  ///< in output order
+  std::vector<ShardedEntry> entries;  ///< in output order (ShardOptions::report_entries)
   std::vector<ShardedFile> files;
   int world_size = 0;
   std::size_t dropped = 0;            ///< entries the filters left out
