@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 #include <charconv>
+#include <cstdlib>
 
 #include "c10d_compat.hpp"
 
@@ -90,6 +91,10 @@ struct ProcessGroup::Impl {
   Backend backend;
   std::chrono::milliseconds timeout;
   CollectiveStats stats;
+  /// A world of one does its collectives locally, unless FSDP_TEST_REAL_COLLECTIVES is set
+  /// (tests: one GPU can only hold a world of one, whose NCCL calls must run to be tested).
+  bool local = true;
+  c10::Device device{c10::kCPU};  ///< where its collectives run (the group's; a subgroup of one: its parent's)
 };
 
 namespace {
@@ -119,7 +124,9 @@ ProcessGroup::ProcessGroup(const Rendezvous& where, Backend backend, std::chrono
   impl_->where = where;
   impl_->backend = backend;
   impl_->timeout = timeout;
+  impl_->local = where.world_size == 1 && !std::getenv("FSDP_TEST_REAL_COLLECTIVES");
   impl_->group = detail::make_group(where, backend, timeout);
+  impl_->device = detail::device(*impl_->group);
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -138,6 +145,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::string& name, co
   impl->where.world_size = static_cast<int>(ranks.size());
   impl->backend = impl_->backend;
   impl->timeout = impl_->timeout;
+  impl->device = impl_->device;
+  impl->local = ranks.size() == 1;
   const std::string who = "rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " (" + name + ", rank " +
                           std::to_string(impl->where.rank) + " of " + std::to_string(ranks.size()) + ")";
   if (ranks.size() > 1) impl->group = detail::make_subgroup(*impl_->group, name, impl->where.rank, impl->where.world_size, who);
@@ -160,26 +169,26 @@ DeviceMesh::DeviceMesh(ProcessGroup& world, int replicas, int shards) : world_(w
 int ProcessGroup::rank() const noexcept { return impl_->where.rank; }
 int ProcessGroup::size() const noexcept { return impl_->where.world_size; }
 Backend ProcessGroup::backend() const noexcept { return impl_->backend; }
-c10::Device ProcessGroup::device() const noexcept { return detail::device(*impl_->group); }
+c10::Device ProcessGroup::device() const noexcept { return impl_->device; }
 std::chrono::milliseconds ProcessGroup::timeout() const noexcept { return impl_->timeout; }
 
 const CollectiveStats& ProcessGroup::stats() const noexcept { return impl_->stats; }
 
 void ProcessGroup::barrier() {
-  if (size() == 1) return;  // a world of one: every collective is local
+  if (impl_->local) return;  // a world of one: every collective is local
   Timed t(impl_->stats);
   detail::barrier(*impl_->group);
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   if (root < 0 || root >= size()) throw Error("broadcast from rank " + std::to_string(root) + ", which is not in the group");
-  if (size() == 1) return;
+  if (impl_->local) return;
   Timed t(impl_->stats);
   detail::broadcast(*impl_->group, tensor, root);
 }
 
 void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  if (size() == 1) return;  // sum, average, max and min of one value are that value
+  if (impl_->local) return;  // sum, average, max and min of one value are that value
   Timed t(impl_->stats);
   detail::all_reduce(*impl_->group, tensor, op);
 }
@@ -221,7 +230,7 @@ PendingCollective ProcessGroup::all_gather_async(at::Tensor& out, const at::Tens
     throw Error("all_gather: the output must be contiguous, of the input's dtype and " + std::to_string(size()) + " times its size");
   }
   PendingCollective p;
-  if (size() == 1) {
+  if (impl_->local) {
     out.copy_(input.reshape(out.sizes()));
     return p;
   }
@@ -235,7 +244,7 @@ void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& input, Redu
   if (!out.is_contiguous() || out.numel() * size() != input.numel() || out.scalar_type() != input.scalar_type()) {
     throw Error("reduce_scatter: the output must be contiguous, of the input's dtype and 1/" + std::to_string(size()) + " of its size");
   }
-  if (size() == 1) {
+  if (impl_->local) {
     out.copy_(input.reshape(out.sizes()));
     return;
   }

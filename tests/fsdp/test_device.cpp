@@ -3,6 +3,8 @@
 // fsdp::Strategy with that accelerator (so gloo on the CPU, nccl on a GPU). It checks that
 //  - the strategy computes where it says (root_device) and moves the model's shards there;
 //  - host tensors go through the group's collectives and come back right (nccl stages them);
+//    every collective runs on the backend, although a world of one would do it locally
+//    (FSDP_TEST_REAL_COLLECTIVES), so that nccl is exercised on one GPU;
 //  - FULL_SHARD AdamW steps with gradient clipping end where plain LibTorch's AdamW ends on the
 //    same device, within 1e-5 relative (32-true);
 //  - under bf16-mixed (autocast to bfloat16 on the device, bfloat16 gradient reduction) they end
@@ -139,6 +141,9 @@ int main(int argc, char** argv) {
     std::cout << "skipped: no GPU is visible (or this LibTorch has no CUDA)\n";
     return 77;
   }
+  // A world of one would do its collectives locally; here they run on the backend (one GPU can
+  // hold no bigger world for NCCL, which refuses two ranks on one device).
+  ::setenv("FSDP_TEST_REAL_COLLECTIVES", "1", 1);
   const fs::path dir = fs::temp_directory_path() / ("fsdp-device-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   try {
@@ -160,10 +165,11 @@ int main(int argc, char** argv) {
       EXPECT((s.grad_scaler(opt) != nullptr) == fp16);
       int taken = 0;
       const auto got = train(s, m, opt, &taken);
+      EXPECT(s.group().stats().calls >= static_cast<std::uint64_t>(kSteps));  // the backend's, not local copies
       const double diff = max_relative(want, got);
       const double from_fp32 = max_relative(fp32, got);
       std::cout << device << " " << precision << ": largest relative difference from plain LibTorch " << diff << " (from its 32-true "
-                << from_fp32 << "), " << taken << " of " << kSteps << " steps taken\n";
+                << from_fp32 << "), " << taken << " of " << kSteps << " steps taken, " << s.group().stats().calls << " collectives\n";
       if (fp16) {
         // No C++ GradScaler to compare with: float16 autocast must have run (not the 32-true
         // result), the steps the scaler skipped (an overflow at the first scales) cost what they cost.
