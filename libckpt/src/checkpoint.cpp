@@ -88,7 +88,7 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTre
     c.tensors.back().position = c.tensors.size() - 1;
   }
   for (auto& [name, v] : f.objects) c.objects.push_back({name, c.tensors.size() + c.objects.size(), v, std::nullopt});
-  for (auto& [name, keys] : f.key_paths) c.planner_data.emplace(name, pickle::make_tuple(keys));
+  for (auto& [name, keys] : f.key_paths) c.planner_data.add(name, pickle::make_tuple(keys));
   // The whole tree (for --meta) only when asked: the leaves already hold the objects they need,
   // and the rest is a node per tensor's rebuild call.
   if (trees == MetaTrees::kKeep) c.meta_trees.emplace_back(path.filename().string(), f.root);

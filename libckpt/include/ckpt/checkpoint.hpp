@@ -20,6 +20,7 @@
 #include "ckpt/dtype.hpp"
 #include "ckpt/format.hpp"
 #include "ckpt/io.hpp"
+#include "ckpt/key_paths.hpp"
 #include "ckpt/pickle.hpp"
 
 namespace ckpt {
@@ -108,7 +109,7 @@ struct Checkpoint {
   /// DCP: planner_data, FQN -> path of keys (str or int), when the checkpoint has it. torch.save:
   /// the same for each leaf reached through dicts and lists (TorchSaveFile::key_paths), so that
   /// merge rebuilds the nesting.
-  std::map<std::string, pickle::ValuePtr> planner_data;
+  KeyPaths planner_data;
 
   const TensorEntry* find_tensor(std::string_view name) const noexcept;
 };

@@ -311,7 +311,7 @@ class MetadataReader {
     const auto* items = pd->dict_items();
     if (!items) fail(*pd, "planner_data is a " + pd->type_name() + ", expected a dict or None");
     for (const auto& [k, v] : *items) {
-      if (k->str()) c_.planner_data[*k->str()] = v;
+      if (k->str()) c_.planner_data.set(*k->str(), v);
     }
   }
 
@@ -402,7 +402,7 @@ class RankLocalMerge {
       e.position = c_.tensors.size() + c_.objects.size();
       c_.objects.push_back(std::move(e));
     }
-    for (auto& [k, v] : part.planner_data) c_.planner_data.emplace(k, std::move(v));
+    for (const std::string_view fqn : part.planner_data.fqns()) c_.planner_data.add(fqn, part.planner_data.find(fqn));
     for (auto& u : part.unreferenced_storage) c_.unreferenced_storage.push_back(std::move(u));
     for (auto& n : part.notes) {
       if (std::find(c_.notes.begin(), c_.notes.end(), n) == c_.notes.end()) c_.notes.push_back(std::move(n));

@@ -1176,7 +1176,7 @@ class DirectReader {
         if (paths_dict_ != 0) decline();
         paths_dict_ = d.b;
         d.x = kPaths;
-        for (std::size_t k = 0; k < d.n; k += 2) paths_.insert_or_assign(std::string(view(item(d, k))), tree(item(d, k + 1), 0));
+        for (std::size_t k = 0; k < d.n; k += 2) paths_.set(view(item(d, k)), tree(item(d, k + 1), 0));
         d.n = 0;
         d.end = 0;
         retop();
@@ -1253,7 +1253,7 @@ class DirectReader {
   void take_paths(std::size_t from) {
     for (std::size_t k = from; k < stack_.size(); k += 2) {
       if (!path_pair(stack_[k], stack_[k + 1])) decline();
-      paths_.insert_or_assign(std::string(view(stack_[k])), tree(stack_[k + 1], 0));
+      paths_.set(view(stack_[k]), tree(stack_[k + 1], 0));
     }
     shrink(from);
     collect();
@@ -1293,7 +1293,7 @@ class DirectReader {
       }
       for (std::size_t k = 0; k < pd->n; k += 2) {
         const Tok& key = item(*pd, k);
-        if (key.tag == Tag::kStr) c_.planner_data[std::string(view(key))] = tree(item(*pd, k + 1), 0);
+        if (key.tag == Tag::kStr) c_.planner_data.set(view(key), tree(item(*pd, k + 1), 0));
       }
     }
     Tok r;
@@ -1524,7 +1524,7 @@ class DirectReader {
   std::uint64_t relocated_ = 0;  ///< tokens extend() has copied
   DirectReadStats stats_;
   std::uint64_t paths_dict_ = 0;  ///< the dict (by number) whose pairs are in paths_
-  std::map<std::string, pickle::ValuePtr> paths_;  ///< becomes Checkpoint::planner_data
+  KeyPaths paths_;  ///< becomes Checkpoint::planner_data
   std::vector<pickle::ValuePtr> shared_strs_;              ///< tree(): by memo slot (Tok::b)
   std::map<std::uint64_t, pickle::ValuePtr> shared_tuples_;  ///< tree(): by place in the arena
   mutable struct {
@@ -1706,8 +1706,11 @@ std::string index_difference(const Checkpoint& a, const Checkpoint& b) {
   if (a.notes != b.notes) return "notes";
   if (a.meta_trees.size() != b.meta_trees.size()) return "meta trees";
   if (a.planner_data.size() != b.planner_data.size()) return "planner_data size";
-  for (auto x = a.planner_data.begin(), y = b.planner_data.begin(); x != a.planner_data.end(); ++x, ++y) {
-    if (x->first != y->first || pickle::repr(*x->second) != pickle::repr(*y->second)) return "planner_data '" + x->first + "'";
+  const auto fa = a.planner_data.fqns(), fb = b.planner_data.fqns();
+  for (std::size_t i = 0; i < fa.size(); ++i) {
+    if (fa[i] != fb[i] || pickle::repr(*a.planner_data.find(fa[i])) != pickle::repr(*b.planner_data.find(fb[i]))) {
+      return "planner_data '" + std::string(fa[i]) + "'";
+    }
   }
   return {};
 }

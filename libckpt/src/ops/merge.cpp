@@ -128,18 +128,18 @@ class Merger {
  private:
   bool selected(const std::string& name, const std::optional<Key>& top) const {
     // A torch.save leaf without a key path is named by its flattened keys: "model.<fqn>".
-    const bool flat_model = c_.format == Format::kTorchSave && !c_.planner_data.count(name) && name.starts_with("model.");
+    const bool flat_model = c_.format == Format::kTorchSave && !c_.planner_data.contains(name) && name.starts_with("model.");
     if (o_.model_only && !flat_model && (!top || top->is_int || top->text != "model")) return false;
     return filters_select(o_.filters, name);
   }
 
   std::vector<Key> path_of(const std::string& fqn) const {
     if (o_.layout == MergeLayout::kNested) {
-      if (auto it = c_.planner_data.find(fqn); it != c_.planner_data.end()) {
-        const auto* seq = it->second->sequence();
+      if (const ValuePtr keys = c_.planner_data.find(fqn)) {
+        const auto* seq = keys->sequence();
         const std::string where = (c_.root / ".metadata").string();
         if (!seq || seq->empty()) {
-          throw Error(ErrorKind::kFormat, where, it->second->offset, "planner_data of '" + fqn + "' is not a non-empty sequence of keys");
+          throw Error(ErrorKind::kFormat, where, keys->offset, "planner_data of '" + fqn + "' is not a non-empty sequence of keys");
         }
         std::vector<Key> path;
         for (const ValuePtr& k : *seq) {
@@ -180,7 +180,7 @@ class Merger {
     // A torch.save input keeps its nesting only when every leaf written has its key path; else
     // every leaf is written under its flattened name, never a mix of the two.
     if (c_.format == Format::kTorchSave) {
-      const bool keyed = std::all_of(leaves_.begin(), leaves_.end(), [&](const Leaf& l) { return c_.planner_data.count(l.name) > 0; });
+      const bool keyed = std::all_of(leaves_.begin(), leaves_.end(), [&](const Leaf& l) { return c_.planner_data.contains(l.name); });
       if (!keyed) {
         for (Leaf& l : leaves_) l.path = {Key{false, l.name, 0}};
       }

@@ -165,8 +165,8 @@ class Sharder {
   }
 
   std::vector<ValuePtr> planner_path(const std::string& fqn) const {
-    if (auto it = c_.planner_data.find(fqn); it != c_.planner_data.end()) {
-      if (const auto* seq = it->second->sequence(); seq && !seq->empty()) return *seq;
+    if (const ValuePtr keys = c_.planner_data.find(fqn)) {
+      if (const auto* seq = keys->sequence(); seq && !seq->empty()) return *seq;
     }
     return {pk::make_str(fqn)};
   }

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// FQN -> path of keys: a DCP's planner_data (the keys through which torch's flatten_state_dict
+// reached each leaf, so that dcp_to_torch_save nests it again), or a torch.save file's nesting.
+//
+// NOTE [Compact key paths]: a checkpoint of 100,000 tensors has 100,000 of them, and as a map of
+// pickle trees they cost about 280 bytes each (a map node and its key, a tuple node, a str node
+// and a string per key). A path of str and int keys whose texts joined by '.' spell the FQN,
+// which is every path flatten_state_dict makes, is kept here as the positions of its cuts in one
+// copy of the FQN, and made into a tuple again when it is asked for; about 80 bytes. Any other
+// value is kept as the tree it was read as, so that whoever uses it reports it as before.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/pickle.hpp"
+
+namespace ckpt {
+
+class KeyPaths {
+ public:
+  KeyPaths() = default;
+  KeyPaths(const KeyPaths& other);
+  KeyPaths& operator=(const KeyPaths& other);
+  KeyPaths(KeyPaths&&) noexcept = default;  // the names' blocks move whole: the views stay valid
+  KeyPaths& operator=(KeyPaths&&) noexcept = default;
+  ~KeyPaths() = default;
+
+  /// Sets `fqn`'s path to `value` (replacing one set before).
+  void set(std::string_view fqn, const pickle::ValuePtr& value);
+  /// Sets it unless `fqn` has one already.
+  void add(std::string_view fqn, const pickle::ValuePtr& value);
+  bool contains(std::string_view fqn) const { return index_.count(fqn) > 0; }
+  /// `fqn`'s path: a tuple of str and int nodes, made anew for a compact one (offset 0), or the
+  /// value as it was set; nullptr when `fqn` has none.
+  pickle::ValuePtr find(std::string_view fqn) const;
+  std::size_t size() const noexcept { return index_.size(); }
+  bool empty() const noexcept { return index_.empty(); }
+  /// Every FQN that has a path, sorted (views into this object).
+  std::vector<std::string_view> fqns() const;
+  /// How many are kept as trees (not compact).
+  std::size_t trees() const noexcept { return trees_.size(); }
+
+ private:
+  struct Rec {
+    std::uint32_t cuts_at = 0;  ///< into cuts_: the end of each key but the last
+    std::uint16_t keys = 0;
+    std::uint16_t ints = 0;     ///< bit k: key k is an int
+    std::int32_t tree = -1;     ///< >= 0: the value is trees_[tree]
+  };
+  std::string_view keep(std::string_view fqn);  ///< a copy that never moves
+  Rec compact(std::string_view fqn, const pickle::ValuePtr& value);
+
+  std::vector<std::unique_ptr<char[]>> blocks_;
+  std::size_t block_used_ = 0, block_size_ = 0;
+  std::unordered_map<std::string_view, Rec> index_;
+  std::vector<std::uint32_t> cuts_;
+  std::vector<pickle::ValuePtr> trees_;
+};
+
+}  // namespace ckpt
