@@ -77,10 +77,10 @@ ckpt::DcpWriteTensor chunked(const std::string& fqn, const torch::Tensor& t, int
   return w;
 }
 
-std::vector<ckpt::pickle::ValuePtr> path_of(std::initializer_list<std::string> keys) {
+ckpt::pickle::ValuePtr path_of(std::initializer_list<std::string> keys) {
   std::vector<ckpt::pickle::ValuePtr> out;
   for (const auto& k : keys) out.push_back(ckpt::pickle::make_str(k));
-  return out;
+  return ckpt::pickle::make_tuple(std::move(out));
 }
 
 /// torch.optim's param_groups entry for the one group, with the parameters named by FQN as FSDP's
@@ -186,7 +186,7 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   std::vector<std::string> fqns;
   for (const auto& [name, t] : model.full_state_dict()) {  // a collective
     tensors.push_back(chunked(o.model_key + "." + name, t, piece, pieces));
-    options.planner_data[tensors.back().fqn] = path_of({o.model_key, name});
+    options.planner_data.set(tensors.back().fqn, path_of({o.model_key, name}));
     if (optimized(model, name)) fqns.push_back(name);
   }
   if (o.optimizer) {
@@ -195,11 +195,11 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
       for (const auto& [b, t] : state) {
         const std::string fqn = key + ".state." + p + "." + b;
         tensors.push_back(chunked(fqn, t, piece, pieces));
-        options.planner_data[fqn] = path_of({key, "state", p, b});
+        options.planner_data.set(fqn, path_of({key, "state", p, b}));
       }
     });
     objects.push_back({key + ".param_groups", param_groups(*o.optimizer, fqns), 0});
-    options.planner_data[key + ".param_groups"] = path_of({key, "param_groups"});
+    options.planner_data.set(key + ".param_groups", path_of({key, "param_groups"}));
   }
   try {
     // An older checkpoint here stops being one before any of its files is replaced.

@@ -206,8 +206,8 @@ void write_sample_dcp(const std::string& dir, int world, const std::string& layo
   o.layout = layout == "1.13" ? ckpt::DcpLayout::kTorch113 : ckpt::DcpLayout::kCurrent;
   o.compression = compression == "zstd" ? ckpt::DcpCompression::kZstd : ckpt::DcpCompression::kNone;
   o.overwrite = ckpt::Overwrite::kYes;
-  o.planner_data["model.embed.weight"] = {s("model"), s("embed.weight")};
-  o.planner_data["optim.param_groups.0.params"] = {s("optim"), s("param_groups"), pk::make_int(0), s("params")};
+  o.planner_data.set("model.embed.weight", pk::make_tuple({s("model"), s("embed.weight")}));
+  o.planner_data.set("optim.param_groups.0.params", pk::make_tuple({s("optim"), s("param_groups"), pk::make_int(0), s("params")}));
   ckpt::write_dcp(dir, tensors, objects, o);
   json m{{"tensors", manifest_tensors},
          {"objects", {{"epoch", 4}, {"optim.param_groups.0.params", {"model.embed.weight"}}, {"optim.param_groups.0.amsgrad", false}}},

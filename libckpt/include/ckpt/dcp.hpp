@@ -71,8 +71,9 @@ struct DcpWriteOptions {
   DcpLayout layout = DcpLayout::kCurrent;
   DcpCompression compression = DcpCompression::kNone;  ///< kZstd: every item gets stream.zstd/1
   Overwrite overwrite = Overwrite::kNo;
-  /// planner_data: FQN -> path of keys (str or int). FQNs missing here get a one-element path.
-  std::map<std::string, std::vector<pickle::ValuePtr>> planner_data;
+  /// planner_data: FQN -> path of keys (a tuple of str and int). FQNs missing here get a
+  /// one-element path.
+  KeyPaths planner_data;
 };
 
 /// Writes a DCP directory as FSDP ranks would: every data file first (each complete and fsynced),

@@ -55,7 +55,7 @@ struct DcpPlan {
   int zstd_level = 3;
   std::vector<DcpPlanTensor> tensors;
   std::vector<DcpPlanObject> objects;
-  std::map<std::string, std::vector<pickle::ValuePtr>> planner_data;  ///< FQN -> path; others get (fqn,)
+  KeyPaths planner_data;  ///< FQN -> path (a tuple); others get (fqn,)
 };
 
 /// One data file and the items it holds, in write order (bytes items first, as DCP writes them).

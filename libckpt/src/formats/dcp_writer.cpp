@@ -487,8 +487,8 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
   if (plan.layout == DcpLayout::kCurrent) {
     streamed[planner.get()] = batches(order.size(), [&](std::size_t i) {
       ValuePtr k = pk::make_str(fqn_of(i));
-      auto pd = plan.planner_data.find(fqn_of(i));
-      return std::make_pair(k, pd != plan.planner_data.end() ? pk::make_tuple(pd->second) : pk::make_tuple({k}));
+      ValuePtr path = plan.planner_data.find(fqn_of(i));
+      return std::make_pair(k, path ? path : pk::make_tuple({k}));
     });
   }
   ValuePtr root = mb.metadata(sdm, planner, storage);

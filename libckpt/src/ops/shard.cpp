@@ -51,8 +51,7 @@ namespace pk = pickle;
 
 // One entry of the output, before placement.
 struct Entry {
-  std::string fqn;
-  std::vector<ValuePtr> path;             // planner_data
+  std::string fqn;                        // its planner_data path is in the plan's
   const TensorEntry* tensor = nullptr;    // a tensor entry, or
   SourcePtr item;                         // a bytes item's archive
   DType out{};
@@ -112,14 +111,16 @@ class Sharder {
 
   void add_tensor(std::string fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
     if (!selected(fqn)) return;
-    Entry e{std::move(fqn), std::move(path), t, nullptr, t->dtype};
+    plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
+    Entry e{std::move(fqn), t, nullptr, t->dtype};
     if (o_.dtype && is_castable_float(t->dtype)) e.out = *o_.dtype;
     entries_.push_back(std::move(e));
   }
 
   void add_object(std::string fqn, std::vector<ValuePtr> path, SourcePtr item) {
     if (!selected(fqn)) return;
-    entries_.push_back({std::move(fqn), std::move(path), nullptr, std::move(item), {}});
+    plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
+    entries_.push_back({std::move(fqn), nullptr, std::move(item), {}});
   }
 
   std::vector<ValuePtr> keyed(const std::vector<ValuePtr>& path) const {
@@ -385,7 +386,6 @@ class Sharder {
     r.dropped = dropped_;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       const Entry& e = entries_[i];
-      plan_.planner_data[e.fqn] = e.path;
       const bool report = o_.report_entries;
       ShardedEntry out{report ? e.fqn : std::string(), e.tensor ? "tensor" : "object", std::nullopt, {}, 0, {}};
       if (!e.tensor) {

@@ -564,7 +564,7 @@ TEST_CASE("the direct .metadata reader reads what the tree reader reads, or decl
     t.push_back(std::move(big));
     ckpt::DcpWriteOptions opts;
     opts.world_size = 2;
-    opts.planner_data["model.layers.7.w"] = {pk::make_str("model"), pk::make_str("layers"), pk::make_int(7), pk::make_str("w")};
+    opts.planner_data.set("model.layers.7.w", pk::make_tuple({pk::make_str("model"), pk::make_str("layers"), pk::make_int(7), pk::make_str("w")}));
     ckpt::write_dcp(dir.path(), t, {}, opts);
     CHECK(direct_reader_agrees(dir.path()));
     const auto c = ckpt::open_dcp(dir.path());
