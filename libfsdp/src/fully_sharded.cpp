@@ -173,6 +173,7 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   if (params_.empty()) throw Error("unit '" + name + "' has no parameters");
   const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : group_.size();
   padded_ = (total_ + world - 1) / world * world;
+  compute_device_ = *device;
   torch::Tensor full = torch::zeros({padded_}, torch::TensorOptions().dtype(*dtype).device(*device));
   full.narrow(0, 0, total_).copy_(torch::cat(flat));
   group_.broadcast(full, 0);  // every rank starts from rank 0's values
@@ -207,10 +208,19 @@ std::vector<std::shared_ptr<torch::autograd::Node>> FlatUnit::grad_accumulators(
   return out;
 }
 
-torch::Tensor FlatUnit::shard_in_compute_dtype() const { return param_dtype_ ? shard_.detach().to(*param_dtype_) : shard_.detach(); }
+// Without a param dtype or offloading, the very tensor the optimizer steps.
+torch::Tensor FlatUnit::shard_in_compute_dtype() const { return shard_.detach().to(compute_device_, param_dtype_.value_or(shard_.scalar_type())); }
 
 torch::TensorOptions FlatUnit::compute_options() const {
-  return shard_.options().dtype(param_dtype_.value_or(shard_.scalar_type())).requires_grad(false);
+  return shard_.options().device(compute_device_).dtype(param_dtype_.value_or(shard_.scalar_type())).requires_grad(false);
+}
+
+void FlatUnit::offload_shard() {
+  if (compute_device_.is_cpu() || shard_.device().is_cpu()) return;  // on the host already
+  if (strategy_ == ShardingStrategy::kNoShard) throw Error("cpu_offload with NO_SHARD is not supported: the module computes with the shard itself");
+  torch::NoGradGuard no_grad;
+  release();
+  shard_ = shard_.detach().to(torch::kCPU).set_requires_grad(true);
 }
 
 void FlatUnit::set_param_dtype(std::optional<c10::ScalarType> dtype) {
@@ -264,7 +274,7 @@ void FlatUnit::release() {
 
 torch::Tensor FlatUnit::take_gradients() {
   torch::NoGradGuard no_grad;
-  torch::Tensor grads = torch::zeros({padded_}, shard_.options().requires_grad(false));
+  torch::Tensor grads = torch::zeros({padded_}, shard_.options().device(compute_device_).requires_grad(false));
   for (Param& p : params_) {
     if (p.tensor.grad().defined()) grads.narrow(0, p.offset, p.numel).copy_(p.tensor.grad().reshape({-1}));
     p.tensor.mutable_grad() = torch::Tensor();
@@ -274,8 +284,9 @@ torch::Tensor FlatUnit::take_gradients() {
 
 void FlatUnit::add_grad(const torch::Tensor& slice) {
   torch::NoGradGuard no_grad;
-  if (shard_.grad().defined()) shard_.mutable_grad().add_(slice.to(shard_.scalar_type()));  // accumulation across backward calls
-  else shard_.mutable_grad() = slice.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  // Where the shard is (the host, offloaded), in its dtype.
+  if (shard_.grad().defined()) shard_.mutable_grad().add_(slice.to(shard_.device(), shard_.scalar_type()));  // accumulation across backward calls
+  else shard_.mutable_grad() = slice.to(shard_.device(), shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
 void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
@@ -695,6 +706,12 @@ std::vector<torch::Tensor> FullyShardedSequential::parameters() {
     if (unit) out.push_back(unit->shard());
   }
   return out;
+}
+
+void FullyShardedSequential::offload_shards() {
+  for (auto& unit : units_) {
+    if (unit) unit->offload_shard();
+  }
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_state_dict() {

@@ -41,9 +41,6 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   }
   const bool cuda = device_type_ == c10::DeviceType::CUDA;
   if (options_.process_group_backend == Backend::kNccl && !cuda) throw Error("backend nccl moves GPU memory only; it needs accelerator cuda");
-  if (options_.cpu_offload && cuda) {
-    throw Error("cpu_offload on CUDA (shards and their gradients kept in host memory, moved per unit) is not implemented yet");
-  }
   // The seed's constructor errors, with their meaning.
   if (options_.activation_checkpointing && options_.activation_checkpointing_policy) {
     throw Error("you cannot set both activation_checkpointing and activation_checkpointing_policy; use the latter");
@@ -128,7 +125,7 @@ void Strategy::setup_environment(const std::map<std::string, std::string>& env) 
     }
     mesh_ = std::make_unique<DeviceMesh>(*group_, rs.first, rs.second);
   }
-  if (options_.cpu_offload) {
+  if (options_.cpu_offload && !root_device_->is_cuda()) {
     warn("cpu_offload has no effect on the CPU: parameters, gradients and optimizer state are in host memory already");
   }
 }
@@ -189,6 +186,7 @@ FullyShardedSequential& Strategy::setup_module(std::unique_ptr<FullyShardedSeque
 
 FullyShardedSequential& Strategy::adopt() {
   FullyShardedSequential& m = *modules_.back();
+  if (options_.cpu_offload && root_device().is_cuda()) m.offload_shards();  // on the CPU it has no effect (warned)
   m.set_prefetch(options_.forward_prefetch, options_.backward_prefetch);
   if (const auto& which = options_.activation_checkpointing_policy ? options_.activation_checkpointing_policy : options_.activation_checkpointing) {
     m.set_activation_checkpointing(which);

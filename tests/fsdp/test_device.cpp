@@ -150,17 +150,24 @@ int main(int argc, char** argv) {
     const c10::Device where = device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
     const std::vector<torch::Tensor> fp32 = reference(where, false);
     std::vector<std::string> precisions{"32-true", "bf16-mixed"};
-    if (device == "cuda") precisions.push_back("16-mixed");  // float16 autocast and a grad scaler: CUDA only
-    for (const std::string& precision : precisions) {
+    // CUDA only: float16 autocast with a grad scaler, and CPU offload (32-true, the shards on the host).
+    if (device == "cuda") precisions.insert(precisions.end(), {"16-mixed", "32-true+offload"});
+    for (const std::string& run : precisions) {
+      const bool offload = run.ends_with("+offload");
+      const std::string precision = offload ? run.substr(0, run.find('+')) : run;
       const bool bf16 = precision == "bf16-mixed", fp16 = precision == "16-mixed";
       const std::vector<torch::Tensor> want = bf16 ? reference(where, true) : fp32;
-      fsdp::Strategy s(options(device, precision));
+      fsdp::StrategyOptions so = options(device, precision);
+      so.cpu_offload = offload;
+      fsdp::Strategy s(so);
       s.setup_environment(no_environment());
       EXPECT(s.root_device() == where);
       EXPECT(s.group().backend() == (device == "cuda" ? fsdp::Backend::kNccl : fsdp::Backend::kGloo));
       collectives(s);
       auto& m = s.setup_module(model());
-      for (const auto& p : m.parameters()) EXPECT(p.device() == where);
+      // The optimizer's parameters, the shards: on the host when offloaded, else where the model computes.
+      for (const auto& p : m.parameters()) EXPECT(p.device() == (offload ? c10::Device(c10::kCPU) : where));
+      for (const auto& u : m.units()) EXPECT(!u || u->compute_device() == where);
       auto& opt = s.setup_optimizer({fsdp::OptimizerKind::kAdamW, kLr});
       EXPECT((s.grad_scaler(opt) != nullptr) == fp16);
       int taken = 0;
@@ -168,7 +175,7 @@ int main(int argc, char** argv) {
       EXPECT(s.group().stats().calls >= static_cast<std::uint64_t>(kSteps));  // the backend's, not local copies
       const double diff = max_relative(want, got);
       const double from_fp32 = max_relative(fp32, got);
-      std::cout << device << " " << precision << ": largest relative difference from plain LibTorch " << diff << " (from its 32-true "
+      std::cout << device << " " << run << ": largest relative difference from plain LibTorch " << diff << " (from its 32-true "
                 << from_fp32 << "), " << taken << " of " << kSteps << " steps taken, " << s.group().stats().calls << " collectives\n";
       if (fp16) {
         // No C++ GradScaler to compare with: float16 autocast must have run (not the 32-true
@@ -181,6 +188,7 @@ int main(int argc, char** argv) {
       }
       if (bf16) EXPECT(from_fp32 > 1e-3);
 
+      if (offload) continue;  // its checkpoints are the 32-true run's
       // The trained model saved from the device, loaded into a fresh one there.
       for (const std::string type : {"sharded", "full"}) {
         fsdp::Strategy t(options(device, precision, type));

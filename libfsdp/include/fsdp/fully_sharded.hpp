@@ -74,6 +74,13 @@ class FlatUnit {
   void prefetch();
   /// Frees the full values (not with NO_SHARD), and drops a prefetch not yet used.
   void release();
+  /// FSDP's CPUOffload(offload_params=True): the shard, and so its gradient and the optimizer's
+  /// state, lives in host memory; each gather copies it to the compute device (the parameters')
+  /// first, and each reduced slice comes back to the host. Nothing when the compute device is the
+  /// CPU. Before the optimizer is made; not with NO_SHARD (throws fsdp::Error).
+  void offload_shard();
+  /// Where the module computes: its parameters' device when the unit was made.
+  c10::Device compute_device() const noexcept { return compute_device_; }
   /// The module's gradients, averaged over ranks, into shard().grad() (this rank's slice); the
   /// module's own gradients are cleared.
   void reduce_gradients(std::optional<c10::ScalarType> reduce_dtype = std::nullopt);
@@ -113,6 +120,7 @@ class FlatUnit {
   ProcessGroup& group_;
   ProcessGroup* replicate_;
   ShardingStrategy strategy_;
+  c10::Device compute_device_{c10::kCPU};       ///< the parameters' (the shard's, unless offloaded)
   std::optional<c10::ScalarType> param_dtype_;  ///< set and not the shard's: the full values are a cast copy
   std::vector<Param> params_;
   std::int64_t total_ = 0, padded_ = 0;
@@ -233,6 +241,9 @@ class FullyShardedSequential {
   /// stay until backward ends and go in one bucket (one collective, the whole model's gradients
   /// held at once).
   void set_reduce_in_backward(bool on) noexcept { reduce_in_backward_ = on; }
+  /// FSDP's CPU offload for every unit (FlatUnit::offload_shard): shards, gradients and optimizer
+  /// state in host memory, computation on the units' device. Before the optimizer is made.
+  void offload_shards();
   /// How many unit reductions backward has made so far (tests: that the hooks run).
   std::int64_t reductions_in_backward() const noexcept;
 
