@@ -34,17 +34,18 @@ std::string_view KeyPaths::keep(std::string_view fqn) {
 KeyPaths::Rec KeyPaths::compact(std::string_view fqn, const pickle::ValuePtr& value) {
   Rec r;
   const auto* seq = value ? value->sequence() : nullptr;
-  // A tuple or list of 1 to 16 str and int keys that spell the FQN; anything else stays a tree.
+  // A tuple of 1 to 16 str and int keys that spell the FQN; anything else (a list too) stays a tree.
   bool ok = seq && !seq->empty() && seq->size() <= 16 && value->is<pickle::Tuple>();
   std::vector<std::uint32_t> cuts;
   std::size_t at = 0;
   for (std::size_t k = 0; ok && k < seq->size(); ++k) {
     const pickle::Value& key = *(*seq)[k];
-    std::string text;
+    std::string number;  // an int key's text
+    std::string_view text;
     if (const std::string* s = key.str()) {
       text = *s;
     } else if (auto i = key.int64(); i && key.is<pickle::Int>()) {
-      text = std::to_string(*i);
+      text = number = std::to_string(*i);
       r.ints = static_cast<std::uint16_t>(r.ints | (1u << k));
     } else {
       ok = false;

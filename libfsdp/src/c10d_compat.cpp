@@ -62,6 +62,13 @@ at::Tensor as_bytes(const at::Tensor& t) { return t.view(at::kHalf); }
 // NCCL moves GPU memory only: a host tensor (a loss to average, a checkpoint's scalar) goes
 // through a copy on the group's device, and the result is copied back.
 bool staged(const C10dGroup& g, const at::Tensor& t) { return g.device.is_cuda() && !t.is_cuda(); }
+// Runs `f` on a copy of `t` on the group's device, then copies the result back into `t`.
+template <typename F>
+void through_device(const C10dGroup& g, at::Tensor& t, F&& f) {
+  at::Tensor on = t.to(g.device);
+  f(on);
+  t.copy_(on);
+}
 
 // Runs one c10d call; its errors (a peer that died, a timeout) become fsdp::Error naming the
 // operation and this rank.
@@ -198,12 +205,7 @@ void barrier(C10dGroup& g) {
 c10::Device device(const C10dGroup& g) { return g.device; }
 
 void broadcast(C10dGroup& g, at::Tensor& t, int root) {
-  if (staged(g, t)) {
-    at::Tensor on = t.to(g.device);
-    broadcast(g, on, root);
-    t.copy_(on);
-    return;
-  }
+  if (staged(g, t)) return through_device(g, t, [&](at::Tensor& on) { broadcast(g, on, root); });
   std::vector<at::Tensor> v{gloo_lacks(g, t) ? as_bytes(t) : t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
@@ -212,12 +214,7 @@ void broadcast(C10dGroup& g, at::Tensor& t, int root) {
 }
 
 void all_reduce(C10dGroup& g, at::Tensor& t, ReduceOp op) {
-  if (staged(g, t)) {
-    at::Tensor on = t.to(g.device);
-    all_reduce(g, on, op);
-    t.copy_(on);
-    return;
-  }
+  if (staged(g, t)) return through_device(g, t, [&](at::Tensor& on) { all_reduce(g, on, op); });
   if (gloo_lacks(g, t)) {
     at::Tensor wide = t.to(at::kFloat);
     all_reduce(g, wide, op);
@@ -278,12 +275,7 @@ PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in)
 
 void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op) {
   const std::int64_t n = out.numel();
-  if (staged(g, out) || staged(g, in)) {
-    at::Tensor on = out.to(g.device);
-    reduce_scatter(g, on, in.to(g.device), op);
-    out.copy_(on);
-    return;
-  }
+  if (staged(g, out) || staged(g, in)) return through_device(g, out, [&](at::Tensor& on) { reduce_scatter(g, on, in.to(g.device), op); });
 #if FSDP_HAS_NCCL
   if (g.nccl) {
     at::Tensor input = in.contiguous().view({-1});

@@ -386,22 +386,16 @@ class Sharder {
     r.dropped = dropped_;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       const Entry& e = entries_[i];
-      const bool report = o_.report_entries;
-      ShardedEntry out{report ? e.fqn : std::string(), e.tensor ? "tensor" : "object", std::nullopt, {}, 0, {}};
       if (!e.tensor) {
-        if (report) out.chunks.push_back({owner_[i][0], {}, {}});
         plan_.objects.push_back({e.fqn, i, owner_[i][0], e.item});
-        if (report) r.entries.push_back(std::move(out));
+        if (o_.report_entries) r.entries.push_back({e.fqn, "object", std::nullopt, {}, 0, {{owner_[i][0], {}, {}}}});
         continue;
       }
-      out.dtype = e.out;
-      if (report) out.shape = e.tensor->shape;
-      out.nbytes = e.tensor->numel() * element_size(e.out);
-      r.tensor_bytes += out.nbytes;
+      const std::uint64_t nbytes = e.tensor->numel() * element_size(e.out);
+      r.tensor_bytes += nbytes;
       detail::DcpPlanTensor t{e.fqn, i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
       for (std::size_t k : chunk_order(i)) {
         const Holding& h = held_[i][k];
-        if (report) out.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
         // The closure names its holding by index (16 bytes: no allocation of its own); the box is
         // made when the tasks are.
         if (i > 0xffffffffu || k > 0xffffffffu) internal_error("shard: more than 2^32 entries or chunks");
@@ -415,8 +409,12 @@ class Sharder {
                                                     max_task, o_.max_memory);
                             }});
       }
+      if (o_.report_entries) {  // what the plan holds, as the result shows it
+        ShardedEntry out{e.fqn, "tensor", e.out, e.tensor->shape, nbytes, {}};
+        for (const detail::DcpPlanChunk& c : t.chunks) out.chunks.push_back({c.rank, c.offsets, c.sizes});
+        r.entries.push_back(std::move(out));
+      }
       plan_.tensors.push_back(std::move(t));
-      if (report) r.entries.push_back(std::move(out));
     }
     if (o_.report_entries) {
       for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
