@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <string_view>
 #include <utility>
 
 #include "c10d_compat.hpp"
@@ -71,18 +73,56 @@ struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
   }
 };
 
-// FSDP's auto-wrap rules, one child at a time: which group (future unit) a child with parameters
-// joins, groups numbered by their first child.
+std::int64_t numel_of(const torch::nn::Module& m) {
+  std::int64_t n = 0;
+  for (const auto& p : m.parameters(true)) n += p.numel();
+  return n;
+}
+
+// WrapPolicy::module_types: the module's type name whole, without its namespace, or also without
+// a trailing "Impl".
+bool type_named(const std::set<std::string>& types, const torch::nn::Module& m) {
+  if (types.empty()) return false;
+  const std::string& whole = m.name();
+  std::string_view bare(whole);
+  if (const auto at = bare.rfind("::"); at != std::string_view::npos) bare.remove_prefix(at + 2);
+  std::string_view holder = bare;
+  if (holder.size() > 4 && holder.substr(holder.size() - 4) == "Impl") holder.remove_suffix(4);
+  return types.count(whole) > 0 || types.count(std::string(bare)) > 0 || types.count(std::string(holder)) > 0;
+}
+
+bool by_module(const WrapPolicy& p) { return p.min_num_params <= 0 && (p.own_unit || !p.module_types.empty()); }
+bool wraps_whole(const WrapPolicy& p, const std::string& path, const torch::nn::Module& m) {
+  return (p.own_unit && p.own_unit(path)) || type_named(p.module_types, m);
+}
+
+// Appends the module(s) forward runs for `owner`'s child `index` at `path`: the child, or, when
+// it is a Chain the policy opens (WrapPolicy), its children's, recursively.
+void add_leaves(const std::shared_ptr<torch::nn::SequentialImpl>& owner, std::size_t index, const std::string& path, const WrapPolicy& policy,
+                std::vector<FullyShardedSequential::Leaf>& out) {
+  if (auto nested = std::dynamic_pointer_cast<ChainImpl>(owner->ptr(index))) {
+    const bool opens = policy.min_num_params > 0 ? numel_of(*nested) > policy.min_num_params : by_module(policy) && !wraps_whole(policy, path, *nested);
+    if (opens) {
+      const auto names = nested->named_children();
+      for (std::size_t i = 0; i < names.size(); ++i) add_leaves(nested, i, path + "." + names[i].key(), policy, out);
+      return;
+    }
+  }
+  out.push_back({path, owner, index});
+}
+
+// FSDP's auto-wrap rules, one leaf at a time: which group (future unit) a leaf with parameters
+// joins, groups numbered by their first leaf.
 struct Grouper {
   const WrapPolicy& policy;
   int groups = 0;
-  int root = -1;  // the group of the children no policy wrapped (FSDP's root)
-  int open = -1;  // min_num_params: the group still taking children
+  int root = -1;  // the group of the leaves no policy wrapped (FSDP's root)
+  int open = -1;  // min_num_params: the group still taking leaves
   std::int64_t open_numel = 0;
 
-  int assign(const std::string& child, std::int64_t numel) {
+  int assign(const std::string& path, const torch::nn::Module& m, std::int64_t numel) {
     if (policy.min_num_params > 0) {
-      // Consecutive children share a unit until it holds min_num_params.
+      // Consecutive leaves share a unit until it holds min_num_params.
       if (open < 0 || open_numel >= policy.min_num_params) {
         open = groups++;
         open_numel = 0;
@@ -90,11 +130,11 @@ struct Grouper {
       open_numel += numel;
       return open;
     }
-    if (!policy.own_unit || policy.own_unit(child)) return groups++;
+    if (!by_module(policy) || wraps_whole(policy, path, m)) return groups++;
     if (root < 0) root = groups++;
     return root;
   }
-  /// Whether group `g` takes no more children (the root's and an open group's end with the model).
+  /// Whether group `g` takes no more leaves (the root's and an open group's end with the model).
   bool complete(int g) const {
     if (policy.min_num_params > 0) return g != open || open_numel >= policy.min_num_params;
     return g != root;
@@ -102,6 +142,8 @@ struct Grouper {
 };
 
 }  // namespace
+
+torch::nn::AnyModule& FullyShardedSequential::Leaf::module() const { return *(owner->begin() + static_cast<std::ptrdiff_t>(index)); }
 
 std::string_view to_string(ShardingStrategy s) noexcept {
   switch (s) {
@@ -359,22 +401,22 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
   if (!mixed_.reduce_dtype) mixed_.reduce_dtype = mixed_.param_dtype;  // FSDP's default
   cast_buffers(*model_);
   const auto children = model_->named_children();
-  // Which group each child with parameters joins: groups[g] lists (name, module) in child order.
+  for (std::size_t i = 0; i < children.size(); ++i) add_leaves(model_.ptr(), i, children[i].key(), policy, leaves_);
+  // Which group each leaf with parameters joins: groups[g] lists (FQN prefix, module) in model order.
   std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> groups;
-  std::vector<int> group_of(children.size(), -1);
+  std::vector<int> group_of(leaves_.size(), -1);
   Grouper grouper{policy};
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    torch::nn::Module* m = children[i].value().get();
-    std::int64_t numel = 0;
-    for (const auto& p : m->parameters(true)) numel += p.numel();
+  for (std::size_t i = 0; i < leaves_.size(); ++i) {
+    torch::nn::Module* m = leaves_[i].module().ptr().get();
+    const std::int64_t numel = numel_of(*m);
     if (numel == 0) continue;
-    const int g = grouper.assign(children[i].key(), numel);
+    const int g = grouper.assign(leaves_[i].path, *m, numel);
     if (static_cast<std::size_t>(g) == groups.size()) groups.emplace_back();
-    groups[static_cast<std::size_t>(g)].emplace_back(fqn_prefix(children[i].key(), *m), m);
+    groups[static_cast<std::size_t>(g)].emplace_back(fqn_prefix(leaves_[i].path, *m), m);
     group_of[i] = g;
   }
   // A Parameter that two groups share (a tied head: the embedding's weight) must live in one unit,
-  // as FSDP requires: such groups merge, their children kept in model order.
+  // as FSDP requires: such groups merge, their leaves kept in model order.
   std::vector<int> parent(groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) parent[g] = static_cast<int>(g);
   auto find = [&](int g) {
@@ -397,19 +439,20 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
   }
   if (merged) {
     std::vector<std::vector<std::pair<std::string, torch::nn::Module*>>> joined;
-    std::map<int, int> index;  // root group -> joined group, numbered by first child
-    for (std::size_t i = 0; i < children.size(); ++i) {
+    std::map<int, int> index;  // root group -> joined group, numbered by first leaf
+    for (std::size_t i = 0; i < leaves_.size(); ++i) {
       if (group_of[i] < 0) continue;
       auto [it, fresh] = index.emplace(find(group_of[i]), static_cast<int>(joined.size()));
       if (fresh) joined.emplace_back();
-      joined[static_cast<std::size_t>(it->second)].emplace_back(fqn_prefix(children[i].key(), *children[i].value()), children[i].value().get());
+      torch::nn::Module* m = leaves_[i].module().ptr().get();
+      joined[static_cast<std::size_t>(it->second)].emplace_back(fqn_prefix(leaves_[i].path, *m), m);
       group_of[i] = it->second;
     }
     groups = std::move(joined);
   }
   std::vector<FlatUnit*> made;
   for (const auto& members : groups) made.push_back(&make_unit(members));
-  for (std::size_t i = 0; i < children.size(); ++i) child_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
+  for (std::size_t i = 0; i < leaves_.size(); ++i) leaf_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
   link_units();
 }
 
@@ -439,40 +482,44 @@ FullyShardedSequential::FullyShardedSequential(const std::vector<std::pair<std::
   for (const auto& [name, maker] : children) {
     torch::nn::AnyModule child = maker();
     model_->push_back(name, child);
-    torch::nn::Module& m = *model_->ptr(model_->size() - 1);
-    cast_buffers(m);
-    std::int64_t numel = 0;
-    for (const auto& p : m.parameters(true)) {
-      if (auto it = sharded.find(p.unsafeGetTensorImpl()); it != sharded.end()) {
-        throw Error("'" + name + "' shares a parameter with '" + it->second +
-                    "', whose unit is made already: deferred initialization cannot put them in one unit (make the model whole)");
+    cast_buffers(*model_->ptr(model_->size() - 1));
+    const std::size_t first = leaves_.size();
+    add_leaves(model_.ptr(), model_->size() - 1, name, policy, leaves_);
+    for (std::size_t i = first; i < leaves_.size(); ++i) {
+      const std::string& path = leaves_[i].path;
+      torch::nn::Module& m = *leaves_[i].module().ptr();
+      for (const auto& p : m.parameters(true)) {
+        if (auto it = sharded.find(p.unsafeGetTensorImpl()); it != sharded.end()) {
+          throw Error("'" + path + "' shares a parameter with '" + it->second +
+                      "', whose unit is made already: deferred initialization cannot put them in one unit (make the model whole)");
+        }
       }
-      numel += p.numel();
+      const std::int64_t numel = numel_of(m);
+      if (numel == 0) {
+        group_of.push_back(-1);
+        continue;
+      }
+      const int g = grouper.assign(path, m, numel);
+      if (static_cast<std::size_t>(g) == groups.size()) {
+        groups.emplace_back();
+        made.push_back(nullptr);
+      }
+      groups[static_cast<std::size_t>(g)].emplace_back(fqn_prefix(path, m), &m);
+      group_of.push_back(g);
+      if (grouper.complete(g)) make(static_cast<std::size_t>(g));
     }
-    if (numel == 0) {
-      group_of.push_back(-1);
-      continue;
-    }
-    const int g = grouper.assign(name, numel);
-    if (static_cast<std::size_t>(g) == groups.size()) {
-      groups.emplace_back();
-      made.push_back(nullptr);
-    }
-    groups[static_cast<std::size_t>(g)].emplace_back(fqn_prefix(name, m), &m);
-    group_of.push_back(g);
-    if (grouper.complete(g)) make(static_cast<std::size_t>(g));
   }
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (!made[g]) make(g);  // the root's, and a last group short of min_num_params
   }
-  // In the order of their first child, as the whole model's are.
+  // In the order of their first leaf, as the whole model's are.
   std::vector<std::unique_ptr<FlatUnit>> ordered;
   for (FlatUnit* u : made) {
     auto it = std::find_if(units_.begin(), units_.end(), [&](const auto& x) { return x.get() == u; });
     ordered.push_back(std::move(*it));
   }
   units_ = std::move(ordered);
-  for (int g : group_of) child_unit_.push_back(g < 0 ? nullptr : made[static_cast<std::size_t>(g)]);
+  for (int g : group_of) leaf_unit_.push_back(g < 0 ? nullptr : made[static_cast<std::size_t>(g)]);
   link_units();
 }
 
@@ -552,22 +599,22 @@ std::int64_t FullyShardedSequential::reductions_in_backward() const noexcept { r
 
 void FullyShardedSequential::link_units() {
   install_grad_hooks();
-  // Prefetch order: the nearest other unit after and before each child.
-  next_unit_.assign(child_unit_.size(), nullptr);
-  prev_unit_.assign(child_unit_.size(), nullptr);
-  for (std::size_t i = 0; i < child_unit_.size(); ++i) {
-    for (std::size_t j = i + 1; j < child_unit_.size() && !next_unit_[i]; ++j) {
-      if (child_unit_[j] && child_unit_[j] != child_unit_[i]) next_unit_[i] = child_unit_[j];
+  // Prefetch order: the nearest other unit after and before each leaf.
+  next_unit_.assign(leaf_unit_.size(), nullptr);
+  prev_unit_.assign(leaf_unit_.size(), nullptr);
+  for (std::size_t i = 0; i < leaf_unit_.size(); ++i) {
+    for (std::size_t j = i + 1; j < leaf_unit_.size() && !next_unit_[i]; ++j) {
+      if (leaf_unit_[j] && leaf_unit_[j] != leaf_unit_[i]) next_unit_[i] = leaf_unit_[j];
     }
     for (std::size_t j = i; j-- > 0 && !prev_unit_[i];) {
-      if (child_unit_[j] && child_unit_[j] != child_unit_[i]) prev_unit_[i] = child_unit_[j];
+      if (leaf_unit_[j] && leaf_unit_[j] != leaf_unit_[i]) prev_unit_[i] = leaf_unit_[j];
     }
   }
-  // A unit ends at its last child; the unit whose last child runs last is the first backward needs.
-  ends_unit_.assign(child_unit_.size(), false);
+  // A unit ends at its last leaf; the unit whose last leaf runs last is the first backward needs.
+  ends_unit_.assign(leaf_unit_.size(), false);
   std::vector<FlatUnit*> seen;
-  for (std::size_t i = child_unit_.size(); i-- > 0;) {
-    FlatUnit* unit = child_unit_[i];
+  for (std::size_t i = leaf_unit_.size(); i-- > 0;) {
+    FlatUnit* unit = leaf_unit_[i];
     if (!unit || std::find(seen.begin(), seen.end(), unit) != seen.end()) continue;
     if (seen.empty()) final_unit_ = unit;
     seen.push_back(unit);
@@ -578,12 +625,13 @@ void FullyShardedSequential::link_units() {
 torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
   // FSDP casts the root's floating-point input to the parameter dtype.
   if (mixed_.param_dtype && x.is_floating_point()) x = x.to(*mixed_.param_dtype);
-  // A unit is gathered when its first child runs and, under FULL_SHARD, freed after its last; the
-  // unit whose last child runs last is the first backward needs, so it stays gathered from forward
+  // A unit is gathered when its first leaf runs and, under FULL_SHARD, freed after its last; the
+  // unit whose last leaf runs last is the first backward needs, so it stays gathered from forward
   // into backward, as PyTorch FSDP keeps the root's (no gather freed and redone).
   std::size_t i = 0;
-  for (torch::nn::AnyModule& child : *model_) {
-    FlatUnit* unit = child_unit_[i];
+  for (const Leaf& leaf : leaves_) {
+    torch::nn::AnyModule& child = leaf.module();
+    FlatUnit* unit = leaf_unit_[i];
     if (unit) unit->gather();
     if (forward_prefetch_ && next_unit_[i]) next_unit_[i]->prefetch();  // overlaps this child's compute
     if (checkpointed_.size() > i && checkpointed_[i] && x.requires_grad() && torch::GradMode::is_enabled()) {
@@ -675,9 +723,17 @@ void FullyShardedSequential::set_prefetch(bool forward, bool backward) {
   backward_prefetch_ = backward;
 }
 
-void FullyShardedSequential::set_activation_checkpointing(std::function<bool(const std::string& child)> which) {
+void FullyShardedSequential::set_activation_checkpointing(std::function<bool(const std::string& path)> which) {
   checkpointed_.clear();
-  for (const auto& child : model_->named_children()) checkpointed_.push_back(which && which(child.key()));
+  for (const Leaf& leaf : leaves_) checkpointed_.push_back(which && which(leaf.path));
+}
+
+void FullyShardedSequential::set_activation_checkpointing(const WrapPolicy& which) {
+  checkpointed_.clear();
+  for (const Leaf& leaf : leaves_) {
+    const torch::nn::Module& m = *leaf.module().ptr();
+    checkpointed_.push_back(which.min_num_params > 0 ? numel_of(m) >= which.min_num_params : wraps_whole(which, leaf.path, m));
+  }
 }
 
 FullyShardedSequential::Bytes FullyShardedSequential::bytes() const {
@@ -723,11 +779,12 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_
     std::vector<torch::Tensor> values = unit->unflatten(unit->shard().detach());
     for (std::size_t i = 0; i < values.size(); ++i) out.emplace_back(unit->params()[i].fqn, std::move(values[i]));
   }
-  // In the model's order (a wrap policy's root unit holds children from both ends).
+  // In the model's order (a wrap policy's root unit holds leaves from both ends).
   std::map<std::string, std::size_t> order;
-  for (const auto& child : model_->named_children()) {
-    const std::string prefix = fqn_prefix(child.key(), *child.value());
-    for (const auto& item : child.value()->named_parameters(true)) {
+  for (const Leaf& leaf : leaves_) {
+    const torch::nn::Module& m = *leaf.module().ptr();
+    const std::string prefix = fqn_prefix(leaf.path, m);
+    for (const auto& item : m.named_parameters(true)) {
       order.emplace(prefix.empty() ? item.key() : prefix + "." + item.key(), order.size());
     }
   }

@@ -189,7 +189,7 @@ FullyShardedSequential& Strategy::adopt() {
   if (options_.cpu_offload && root_device().is_cuda()) m.offload_shards();  // on the CPU it has no effect (warned)
   m.set_prefetch(options_.forward_prefetch, options_.backward_prefetch);
   if (const auto& which = options_.activation_checkpointing_policy ? options_.activation_checkpointing_policy : options_.activation_checkpointing) {
-    m.set_activation_checkpointing(which);
+    m.set_activation_checkpointing(*which);
   }
   return m;
 }

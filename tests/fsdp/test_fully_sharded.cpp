@@ -37,6 +37,34 @@ torch::nn::Sequential model() {
   return seq;
 }
 
+// Linear(10, 10) then ReLU as one module of its own type, counting its forwards.
+struct MixImpl : torch::nn::Module {
+  MixImpl() : lin(register_module("lin", torch::nn::Linear(10, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++calls;
+    return torch::relu(lin(x));
+  }
+  torch::nn::Linear lin;
+  int calls = 0;
+};
+TORCH_MODULE(Mix);
+
+// model()'s arithmetic and values (its parameters made in the same order) with the middle in a
+// nested Sequential, an fsdp::Chain: in, body (Tanh, Mix), out. A policy that wraps Mix reaches
+// it only by opening body.
+torch::nn::Sequential nested_model(Mix& mix) {
+  torch::manual_seed(7);
+  torch::nn::Sequential seq;
+  seq->push_back("in", torch::nn::Linear(6, 10));
+  fsdp::Chain body;
+  body->push_back(torch::nn::Tanh());
+  mix = Mix();
+  body->push_back(mix);
+  seq->push_back("body", body);
+  seq->push_back("out", torch::nn::Linear(10, 3));
+  return seq;
+}
+
 std::pair<torch::Tensor, torch::Tensor> batch(int step) {
   torch::manual_seed(static_cast<std::uint64_t>(100 + step));
   return {torch::randn({kBatch, 6}), torch::randn({kBatch, 3})};
@@ -156,6 +184,22 @@ int rank_main(const std::string& strategy) {
   torch::nn::Sequential seq = model();
   Counter counter;
   if (checkpointing) seq->push_back("counter", counter);
+  // FSDP_TEST_NESTED=types|path|size|none: nested_model() under a policy that opens body (by
+  // Mix's type name, by its path, by size: min_num_params 100, body holding 110) or none (body one
+  // unit), with Mix under activation checkpointing (by the same policy under types, else by path).
+  const char* nested = std::getenv("FSDP_TEST_NESTED");
+  Mix mix{nullptr};
+  fsdp::WrapPolicy policy;
+  std::vector<std::string> want_leaves{"in", "body.0", "body.1", "out"};
+  std::size_t want_units = 2;
+  if (nested) {
+    seq = nested_model(mix);
+    const std::string how = nested;
+    if (how == "types") policy.module_types = {"Mix"};
+    else if (how == "path") policy.own_unit = [](const std::string& path) { return path == "body.1"; };
+    else if (how == "size") policy.min_num_params = 100;  // in + body.1 (180), then out
+    else want_leaves = {"in", "body", "out"}, want_units = 3;
+  }
   // FSDP_TEST_MESH=R,S: a device mesh of R replicas of S shards (HYBRID_SHARD).
   std::unique_ptr<fsdp::DeviceMesh> mesh;
   if (const char* m = std::getenv("FSDP_TEST_MESH")) mesh = std::make_unique<fsdp::DeviceMesh>(pg, std::atoi(m), std::atoi(std::strchr(m, ',') + 1));
@@ -189,7 +233,18 @@ int rank_main(const std::string& strategy) {
   fsdp::FullyShardedSequential m =
       deferred ? fsdp::FullyShardedSequential(makers, pg, fsdp::sharding_strategy_from_string(strategy), mixed)
       : mesh   ? fsdp::FullyShardedSequential(seq, *mesh, fsdp::sharding_strategy_from_string(strategy), mixed)
-               : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy), mixed);
+               : fsdp::FullyShardedSequential(seq, pg, fsdp::sharding_strategy_from_string(strategy), mixed, policy);
+  if (nested) {
+    std::vector<std::string> leaves;
+    for (const auto& leaf : m.leaves()) leaves.push_back(leaf.path);
+    if (leaves != want_leaves || m.units().size() != want_units) {
+      std::cerr << "rank " << pg.rank() << " " << nested << ": " << leaves.size() << " leaves (" << leaves.front() << ", ...), "
+                << m.units().size() << " units\n";
+      return 1;
+    }
+    if (policy.module_types.empty()) m.set_activation_checkpointing([](const std::string& path) { return path == "body.1"; });
+    else m.set_activation_checkpointing(policy);  // Mix, by its type name
+  }
   if (held_whole > 0) {
     std::cerr << "deferred initialization: " << held_whole << " parameters of earlier children were still whole when a child was made\n";
     return 1;
@@ -224,9 +279,11 @@ int rank_main(const std::string& strategy) {
     }
     // FULL_SHARD holds no full parameters between forward and backward but the last unit's (the
     // first backward needs, as FSDP keeps the root's); SHARD_GRAD_OP keeps them all
-    const fsdp::FlatUnit* last = nullptr;
+    const fsdp::FlatUnit* last = nullptr;  // the one holding the model's last parameter
     for (const auto& u : m.units()) {
-      if (u) last = u.get();
+      for (const auto& p : u->params()) {
+        if (p.fqn == seq->named_parameters().keys().back()) last = u.get();
+      }
     }
     for (const auto& u : m.units()) {
       const bool frees = strategy == "FULL_SHARD" || strategy == "HYBRID_SHARD";
@@ -255,6 +312,10 @@ int rank_main(const std::string& strategy) {
       }
     }
   }
+  if (nested && mix->calls != (std::string(nested) == "none" ? 1 : 2) * (to - from)) {
+    std::cerr << "rank " << pg.rank() << ": the nested Mix ran " << mix->calls << " times in " << (to - from) << " steps\n";
+    return 1;
+  }
   if (checkpointing && counter->calls != 2 * (to - from)) {
     std::cerr << "rank " << pg.rank() << ": the checkpointed counter ran " << counter->calls << " times in " << (to - from)
               << " steps, not twice a step\n";
@@ -263,7 +324,10 @@ int rank_main(const std::string& strategy) {
   if (const char* dir = std::getenv("FSDP_TEST_SAVE_DIR")) fsdp::save_sharded(dir, m, pg);
   if (to != kSteps) return 0;  // the first half of a resumed run: nothing to compare yet
   const auto got = m.full_state_dict();
-  const auto want = low ? reference_param_dtype(pg.size()) : reference();
+  auto want = low ? reference_param_dtype(pg.size()) : reference();
+  // Under the model's own names (the nested model's differ, its values do not).
+  const auto names = seq->named_parameters().keys();
+  for (std::size_t i = 0; i < std::min(names.size(), want.size()); ++i) want[i].first = names[i];
   int bad = 0;
   if (got.size() != want.size()) bad = 1;
   for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
@@ -411,6 +475,15 @@ int main(int argc, char** argv) {
              std::filesystem::file_size(dir + "/__1_0.distcp") > 0;
     });
     std::cout << (ok ? "ok   " : "FAIL ") << "3 HYBRID_SHARD steps on a 2,2 mesh (the second replica's files empty), resumed by FULL_SHARD at world size 3 for 2 more, equals 5 single-process steps\n";
+    (ok ? passed : failed)++;
+  }
+  for (const char* how : {"types", "path", "size", "none"}) {
+    ::setenv("FSDP_TEST_NESTED", how, 1);
+    const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
+    ::unsetenv("FSDP_TEST_NESTED");
+    std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 2, a nested Sequential "
+              << (std::string(how) == "none" ? "left whole by the default policy" : std::string("opened by a policy by ") + how)
+              << " (its Mix checkpointed), equals single-process training under the model's FQNs\n";
     (ok ? passed : failed)++;
   }
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}) {

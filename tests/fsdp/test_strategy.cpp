@@ -64,8 +64,8 @@ void errors_table() {
   expect_error("unknown registered name", [] { fsdp::registered_strategy("ddp"); }, "unknown strategy 'ddp'");
   expect_error("both activation-checkpointing arguments", [&] {
     auto o = opts();
-    o.activation_checkpointing = [](const std::string&) { return true; };
-    o.activation_checkpointing_policy = [](const std::string&) { return true; };
+    o.activation_checkpointing = fsdp::WrapPolicy{};
+    o.activation_checkpointing_policy = fsdp::WrapPolicy{};
     fsdp::Strategy s(o);
   }, "both activation_checkpointing and activation_checkpointing_policy");
   expect_error("hybrid without policy, group or mesh", [&] {

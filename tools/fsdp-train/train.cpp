@@ -175,7 +175,7 @@ class Trainer {
     o.precision = c.precision;
     o.mixed_precision = mixed_precision(c);
     o.auto_wrap_policy = wrap_policy(c);
-    if (c.activation_checkpointing) o.activation_checkpointing_policy = [](const std::string& child) { return child.rfind("block", 0) == 0; };
+    if (c.activation_checkpointing) o.activation_checkpointing_policy = fsdp::WrapPolicy{{}, {"Block"}, 0};  // Lightning's {Block}
     o.backward_prefetch = c.backward_prefetch == "BACKWARD_PRE";
     o.forward_prefetch = c.forward_prefetch;
     o.sharding_strategy = c.sharding_strategy;
@@ -307,7 +307,7 @@ class Trainer {
   static fsdp::WrapPolicy wrap_policy(const TrainConfig& c) {
     fsdp::WrapPolicy w;
     if (c.auto_wrap == "block") {
-      w.own_unit = [](const std::string& child) { return child.rfind("block", 0) == 0; };
+      w.module_types = {"Block"};  // Lightning's auto_wrap_policy={Block}
     } else if (c.auto_wrap != "children") {
       w.min_num_params = std::stoll(c.auto_wrap);
     }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fully sharded data parallelism over a torch::nn::Sequential (DESIGN.md "libfsdp"): the
-// children with parameters are grouped into FSDP units by a wrap policy (by default each is
-// one). A unit's parameters are flattened into one buffer, padded to a
+// children with parameters (or, inside nested Sequentials a policy opens, theirs) are grouped
+// into FSDP units by a wrap policy (by default each child is one). A unit's parameters are flattened into one buffer, padded to a
 // multiple of the group size, and each rank keeps its slice: the leaf the optimizer steps. Before a
 // unit runs forward its parameters are all-gathered into the module (the module's own Parameters
 // are pointed at views of the gathered buffer); FULL_SHARD frees them after forward and gathers
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -167,15 +168,39 @@ std::optional<c10::ScalarType> autocast_dtype_of(std::string_view precision);
 /// Lightning's FSDPPrecision), nothing for "32-true".
 MixedPrecision mixed_precision_of(std::string_view precision);
 
-/// Which children of the Sequential become FSDP units (FSDP's auto_wrap_policy). The default:
-/// every child with parameters is a unit of its own.
+/// A Sequential that can be a child of a Sequential (LibTorch's own cannot: its forward is a
+/// template, which AnyModule refuses): one tensor in, each child's output the next one's input,
+/// the last one's out. A wrap policy can open it (WrapPolicy).
+class ChainImpl : public torch::nn::SequentialImpl {
+ public:
+  using SequentialImpl::SequentialImpl;
+  torch::Tensor forward(torch::Tensor x) { return SequentialImpl::forward(std::move(x)); }
+};
+TORCH_MODULE(Chain);
+
+/// Which modules become FSDP units (FSDP's auto_wrap_policy). The default: every child of the
+/// Sequential with parameters is a unit of its own.
+///
+/// A policy reaches below the Sequential's children through Chains (a C++ module's forward is
+/// opaque; a Chain's is known to be the chain of its children, and a Sequential subclass's may
+/// not be): a child that is a Chain and that the policy does not make a unit whole is opened, its
+/// children running in its place under the paths `child.0`, `child.1`, ... (or their names), and
+/// so on down. Units, activation checkpointing and FQNs then go by those paths
+/// (`h.3.attn.c_attn.weight`, as the module's own named_parameters() spells them). The default
+/// policy opens nothing.
 struct WrapPolicy {
-  /// Set: the children it accepts are units of their own (a "module type" policy, by child name);
-  /// the other children with parameters share one unit, the root's (gathered from its first
-  /// child's forward to its last one's).
-  std::function<bool(const std::string& child)> own_unit;
-  /// > 0 (size_based_auto_wrap_policy, instead of own_unit): consecutive children share a unit
-  /// until it holds at least this many parameters; the remainder is the last unit.
+  /// Set (or module_types): the modules it accepts, by path ("block3", "h.3"), are units of their
+  /// own; the others with parameters share one unit, the root's (gathered from the first of them
+  /// to run to the last).
+  std::function<bool(const std::string& path)> own_unit;
+  /// ModuleWrapPolicy's set of module classes, wherever they are in nested Sequentials: a module
+  /// is accepted when its Module::name() ("ns::BlockImpl" for a class without a name of its own)
+  /// is in the set whole, without its namespace ("BlockImpl"), or also without a trailing "Impl"
+  /// ("Block", the TORCH_MODULE holder's name).
+  std::set<std::string> module_types;
+  /// > 0 (size_based_auto_wrap_policy, instead of the above): consecutive modules share a unit
+  /// until it holds at least this many parameters; the remainder is the last unit. A nested
+  /// Sequential holding more than this many is opened.
   std::int64_t min_num_params = 0;
 };
 
@@ -224,11 +249,15 @@ class FullyShardedSequential {
   /// next forward gathers what the optimizer has stepped since).
   void release();
 
-  /// Activation checkpointing (reentrant, as torch.utils.checkpoint's default): the children whose
-  /// name `which` accepts keep no activations from forward but their input, and run forward again
-  /// (under the autocast state forward had) when their backward comes. Only children whose input
-  /// requires grad (not the first, the embedding of tokens) are checkpointed.
-  void set_activation_checkpointing(std::function<bool(const std::string& child)> which);
+  /// Activation checkpointing (reentrant, as torch.utils.checkpoint's default): the modules run
+  /// (leaves()) whose path `which` accepts keep no activations from forward but their input, and
+  /// run forward again (under the autocast state forward had) when their backward comes. Only
+  /// modules whose input requires grad (not the first, the embedding of tokens) are checkpointed.
+  void set_activation_checkpointing(std::function<bool(const std::string& path)> which);
+  /// The same, the modules chosen as a WrapPolicy chooses units: by path (own_unit), by type name
+  /// (module_types), or those holding at least min_num_params parameters. Only modules forward
+  /// runs are chosen: one inside a Chain the wrap policy left whole is run by the Chain.
+  void set_activation_checkpointing(const WrapPolicy& which);
 
   /// FSDP's prefetching: `backward` (BACKWARD_PRE, on by default as FSDP's) starts gathering the
   /// unit whose backward comes next when a unit's backward starts; `forward` (forward_prefetch,
@@ -247,6 +276,17 @@ class FullyShardedSequential {
   /// How many unit reductions backward has made so far (tests: that the hooks run).
   std::int64_t reductions_in_backward() const noexcept;
 
+  /// One module forward runs in turn: a child of the model, or of a nested Sequential the wrap
+  /// policy opened (WrapPolicy).
+  struct Leaf {
+    std::string path;  ///< "block3"; "h.3" inside the child h
+    std::shared_ptr<torch::nn::SequentialImpl> owner;
+    std::size_t index = 0;  ///< in owner
+    torch::nn::AnyModule& module() const;
+  };
+  /// The modules forward runs, in order.
+  const std::vector<Leaf>& leaves() const noexcept { return leaves_; }
+
   struct GradState;  ///< NOTE [Gradients reduced in backward] in fully_sharded.cpp
 
   ShardingStrategy strategy() const noexcept { return strategy_; }
@@ -264,7 +304,7 @@ class FullyShardedSequential {
   void install_grad_hooks();
   FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members);
   void cast_buffers(torch::nn::Module& m);  ///< to MixedPrecision's buffer_dtype
-  void link_units();  ///< prefetch neighbours, unit ends and the final unit, from child_unit_
+  void link_units();  ///< prefetch neighbours, unit ends and the final unit, from leaf_unit_
 
   torch::nn::Sequential model_;
   ProcessGroup& group_;
@@ -272,13 +312,14 @@ class FullyShardedSequential {
   ProcessGroup* replicate_;
   ShardingStrategy strategy_;
   MixedPrecision mixed_;
-  std::vector<bool> checkpointed_;  ///< per child
-  std::vector<std::unique_ptr<FlatUnit>> units_;  ///< in the order of their first child
-  std::vector<FlatUnit*> child_unit_;             ///< per child: its unit, or nullptr (no parameters)
-  std::vector<bool> ends_unit_;                   ///< per child: the last child of its unit
-  std::vector<FlatUnit*> next_unit_, prev_unit_;  ///< per child: the nearest other unit after it, before it
+  std::vector<Leaf> leaves_;
+  std::vector<bool> checkpointed_;  ///< per leaf
+  std::vector<std::unique_ptr<FlatUnit>> units_;  ///< in the order of their first leaf
+  std::vector<FlatUnit*> leaf_unit_;             ///< per leaf: its unit, or nullptr (no parameters)
+  std::vector<bool> ends_unit_;                   ///< per leaf: the last leaf of its unit
+  std::vector<FlatUnit*> next_unit_, prev_unit_;  ///< per leaf: the nearest other unit after it, before it
   bool forward_prefetch_ = false, backward_prefetch_ = true;
-  FlatUnit* final_unit_ = nullptr;                ///< the unit whose last child runs last
+  FlatUnit* final_unit_ = nullptr;                ///< the unit whose last leaf runs last
   bool reduce_in_backward_ = true;
   std::shared_ptr<GradState> grads_;
 };

@@ -52,9 +52,11 @@ struct StrategyOptions {
   /// bf16-true (the caller converts the model), 16-mixed (float16 with a gradient scaler: CUDA only).
   std::string precision = "32-true";
   std::optional<WrapPolicy> auto_wrap_policy;
-  /// The deprecated spelling of activation_checkpointing_policy; giving both is an error.
-  std::function<bool(const std::string& child)> activation_checkpointing;
-  std::function<bool(const std::string& child)> activation_checkpointing_policy;
+  /// Which modules run under activation checkpointing, in auto_wrap_policy's forms (by path, by
+  /// module type name, by parameter count: FullyShardedSequential::set_activation_checkpointing).
+  /// activation_checkpointing is its deprecated spelling; giving both is an error.
+  std::optional<WrapPolicy> activation_checkpointing;
+  std::optional<WrapPolicy> activation_checkpointing_policy;
   /// FSDP's backward_prefetch (BACKWARD_PRE when true, the default) and forward_prefetch.
   bool backward_prefetch = true;
   bool forward_prefetch = false;
