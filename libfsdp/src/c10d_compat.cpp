@@ -16,6 +16,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string_view>
 
 namespace fsdp::detail {
 
@@ -234,22 +236,26 @@ using WorkPtr = decltype(std::declval<c10d::ProcessGroupGloo&>().barrier(std::de
 
 struct PendingWork {
   WorkPtr work;
-  at::Tensor host_out, staged_out;  ///< a host output gathered on the GPU: copied back once waited for
+  std::string_view op;  ///< in errors
+  /// Once the work is done: a host output made on the GPU copied back, an average divided, a
+  /// slice kept. It holds the tensors the work reads and writes until then.
+  std::function<void()> then;
 };
 
 void destroy(PendingWork* work) noexcept { delete work; }
 
 void wait(C10dGroup& g, PendingWork& work) {
-  guarded(g, "all_gather", [&] { work.work->wait(); });
-  if (work.host_out.defined()) work.host_out.copy_(work.staged_out);
+  guarded(g, work.op, [&] { work.work->wait(); });
+  if (work.then) work.then();
 }
 
 PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in) {
   auto pending = std::make_unique<PendingWork>();
+  pending->op = "all_gather";
   at::Tensor target = out;
   if (staged(g, out) || staged(g, in)) {
-    pending->host_out = out;
-    pending->staged_out = target = out.to(g.device);
+    target = out.to(g.device);
+    pending->then = [host = out, target]() mutable { host.copy_(target); };
   }
   // Gloo 1.13 has no _allgather_base: one output view per rank into the flat result.
   const bool bytes = gloo_lacks(g, in);
@@ -273,25 +279,42 @@ PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in)
   return PendingPtr(pending.release(), destroy);
 }
 
-void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op) {
+PendingPtr reduce_scatter_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op) {
+  auto pending = std::make_unique<PendingWork>();
+  pending->op = "reduce_scatter";
   const std::int64_t n = out.numel();
-  if (staged(g, out) || staged(g, in)) return through_device(g, out, [&](at::Tensor& on) { reduce_scatter(g, on, in.to(g.device), op); });
+  const int size = g.size;
 #if FSDP_HAS_NCCL
   if (g.nccl) {
-    at::Tensor input = in.contiguous().view({-1});
-    at::Tensor output = out.view({-1});
+    // A host output is made on the GPU and copied back once done.
+    const bool host = staged(g, out);
+    at::Tensor output = host ? at::empty({n}, out.options().device(g.device)) : out.view({-1});
+    at::Tensor input = in.to(g.device).contiguous().view({-1});
     c10d::ReduceScatterOptions o;
     o.reduceOp = to_c10d(op);
     o.timeout = g.timeout;
-    guarded(g, "reduce_scatter", [&] { g.nccl->_reduce_scatter_base(output, input, o)->wait(); });
-    if (op == ReduceOp::kAvg) out.div_(g.size);
-    return;
+    guarded(g, "reduce_scatter", [&] { pending->work = g.nccl->_reduce_scatter_base(output, input, o); });
+    pending->then = [out, output, input, op, size, host]() mutable {
+      if (op == ReduceOp::kAvg) output.div_(size);
+      if (host) out.view({-1}).copy_(output);
+    };
+    return PendingPtr(pending.release(), destroy);
   }
 #endif
-  // Gloo has no reduce-scatter (1.13 refuses it): all-reduce a copy and keep this rank's slice.
-  at::Tensor all = in.contiguous().view({-1}).clone();
-  all_reduce(g, all, op);
-  out.view({-1}).copy_(all.narrow(0, g.rank * n, n));
+  // Gloo has no reduce-scatter (1.13 refuses it): all-reduce a copy (in float32 for bfloat16,
+  // which Gloo cannot reduce) and keep this rank's slice.
+  at::Tensor all = gloo_lacks(g, in) ? in.contiguous().view({-1}).to(at::kFloat) : in.contiguous().view({-1}).clone();
+  std::vector<at::Tensor> v{all};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = g.timeout;
+  guarded(g, "reduce_scatter", [&] { pending->work = g.gloo->allreduce(v, o); });
+  pending->then = [out, all, op, size, rank = g.rank, n]() mutable {
+    at::Tensor mine = all.narrow(0, rank * n, n);
+    if (op == ReduceOp::kAvg) mine.div_(size);
+    out.view({-1}).copy_(mine);
+  };
+  return PendingPtr(pending.release(), destroy);
 }
 
 // NOTE [c10d versions]: at::autocast's per-device functions came in 2.4, and its CPU- and

@@ -33,14 +33,15 @@ GroupPtr make_subgroup(const C10dGroup& parent, const std::string& name, int ran
 void barrier(C10dGroup& g);
 void broadcast(C10dGroup& g, at::Tensor& t, int root);
 void all_reduce(C10dGroup& g, at::Tensor& t, ReduceOp op);
-/// An all-gather started on the backend's threads and not yet waited for.
+/// A collective started on the backend's threads and not yet waited for.
 struct PendingWork;
 void destroy(PendingWork* work) noexcept;
 using PendingPtr = std::unique_ptr<PendingWork, void (*)(PendingWork*)>;
 PendingPtr all_gather_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in);
 /// Waits for `work` (its errors are fsdp::Error, as a synchronous collective's).
 void wait(C10dGroup& g, PendingWork& work);
-void reduce_scatter(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op);
+/// `out` and `in` are held until the work is waited for. On Gloo, an all-reduce of a copy of `in`.
+PendingPtr reduce_scatter_start(C10dGroup& g, at::Tensor& out, const at::Tensor& in, ReduceOp op);
 
 /// The device a group's collectives run on: the CPU for Gloo, this rank's GPU for NCCL (whose
 /// collectives take a host tensor through a copy there).

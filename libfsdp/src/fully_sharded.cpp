@@ -332,17 +332,29 @@ void FlatUnit::add_grad(const torch::Tensor& slice) {
 }
 
 void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
+  start_reduction(reduce_dtype);
+  finish_reduction();
+}
+
+void FlatUnit::start_reduction(std::optional<c10::ScalarType> reduce_dtype) {
+  finish_reduction();  // one at a time: the slice it adds to is the same
   torch::Tensor grads = take_gradients();
   if (reduce_dtype) grads = grads.to(*reduce_dtype);
   if (strategy_ == ShardingStrategy::kNoShard) {
     group_.all_reduce(grads, ReduceOp::kAvg);
     add_grad(grads);
-  } else {
-    torch::Tensor mine = torch::empty({shard_.numel()}, grads.options());
-    group_.reduce_scatter(mine, grads, ReduceOp::kAvg);
-    if (replicate_) replicate_->all_reduce(mine, ReduceOp::kAvg);  // HYBRID_SHARD: across the replicas
-    add_grad(mine);
+    return;
   }
+  reduced_ = torch::empty({shard_.numel()}, grads.options());
+  reduction_ = group_.reduce_scatter_async(reduced_, grads, ReduceOp::kAvg);
+}
+
+void FlatUnit::finish_reduction() {
+  if (!reduced_.defined()) return;
+  torch::Tensor mine = std::exchange(reduced_, torch::Tensor());
+  reduction_.wait();
+  if (replicate_) replicate_->all_reduce(mine, ReduceOp::kAvg);  // HYBRID_SHARD: across the replicas
+  add_grad(mine);
 }
 
 void FlatUnit::load_full(const std::vector<torch::Tensor>& values) {
@@ -545,6 +557,11 @@ void FullyShardedSequential::cast_buffers(torch::nn::Module& m) {
 // graph of one step; it reaches this state (on the heap: the model may be moved) through a weak
 // pointer, so that the accumulators it keeps do not keep it. Every rank runs the same backward,
 // so the collectives come in the same order.
+//
+// Overlapped (set_overlap_reduction), the reduce-scatter runs on the backend's threads while
+// backward goes on to the next unit (as FSDP's runs on its own stream): a unit's reduction is
+// finished (waited for, its slice added to the shard's gradient) when the next unit's starts, so
+// at most one is in flight with its buffers, and the last when backward ends.
 struct FullyShardedSequential::GradState {
   std::vector<FlatUnit*> units;
   std::optional<c10::ScalarType> reduce_dtype;
@@ -553,14 +570,22 @@ struct FullyShardedSequential::GradState {
   std::vector<int> expected, remaining;  // per unit: parameters whose gradients backward brings
   std::vector<bool> reduced;             // per unit: reduced by this backward already
   std::int64_t reductions = 0;
+  bool overlap = false;
+  FlatUnit* in_flight = nullptr;  // overlapping: the unit whose reduction was started last
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
 
   void on_gradient(std::size_t u) {
     if (!syncing || reduced[u] || --remaining[u] > 0) return;
-    units[u]->reduce_gradients(reduce_dtype);
+    drain();
+    units[u]->start_reduction(reduce_dtype);
+    if (overlap) in_flight = units[u];
+    else units[u]->finish_reduction();
     reduced[u] = true;
     ++reductions;
     if (frees) units[u]->release();
+  }
+  void drain() {
+    if (FlatUnit* u = std::exchange(in_flight, nullptr)) u->finish_reduction();
   }
 };
 
@@ -580,6 +605,7 @@ void FullyShardedSequential::install_grad_hooks() {
   grads_ = std::make_shared<GradState>();
   GradState& g = *grads_;
   g.reduce_dtype = mixed_.reduce_dtype;
+  g.overlap = shard_group_.backend() == Backend::kNccl;
   g.frees = strategy_ == ShardingStrategy::kFullShard || strategy_ == ShardingStrategy::kHybridShard;
   g.expected.assign(units_.size(), 0);
   g.remaining.assign(units_.size(), 0);
@@ -596,6 +622,8 @@ void FullyShardedSequential::install_grad_hooks() {
 }
 
 std::int64_t FullyShardedSequential::reductions_in_backward() const noexcept { return grads_ ? grads_->reductions : 0; }
+void FullyShardedSequential::set_overlap_reduction(bool on) noexcept { grads_->overlap = on; }
+bool FullyShardedSequential::overlap_reduction() const noexcept { return grads_->overlap; }
 
 void FullyShardedSequential::link_units() {
   install_grad_hooks();
@@ -664,8 +692,13 @@ void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
   state.reduced.assign(units_.size(), false);
   try {
     loss.backward();
+    state.drain();
   } catch (...) {
     state.syncing = false;
+    try {
+      state.drain();  // as the reductions before it: this backward's gradients are partial anyway
+    } catch (...) {  // the first error is the one to report
+    }
     throw;
   }
   state.syncing = false;

@@ -99,7 +99,8 @@ struct ProcessGroup::Impl {
 
 namespace {
 
-/// Adds the time from construction to destruction to `stats` (collectives are synchronous here).
+/// Adds the time from construction to destruction to `stats`: a collective's, or the wait for an
+/// asynchronous one (its time spent beside computation is not counted).
 class Timed {
  public:
   explicit Timed(CollectiveStats& stats) : stats_(stats), start_(std::chrono::steady_clock::now()) {}
@@ -240,16 +241,21 @@ PendingCollective ProcessGroup::all_gather_async(at::Tensor& out, const at::Tens
   return p;
 }
 
-void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& input, ReduceOp op) {
+void ProcessGroup::reduce_scatter(at::Tensor& out, const at::Tensor& input, ReduceOp op) { reduce_scatter_async(out, input, op).wait(); }
+
+PendingCollective ProcessGroup::reduce_scatter_async(at::Tensor& out, const at::Tensor& input, ReduceOp op) {
   if (!out.is_contiguous() || out.numel() * size() != input.numel() || out.scalar_type() != input.scalar_type()) {
     throw Error("reduce_scatter: the output must be contiguous, of the input's dtype and 1/" + std::to_string(size()) + " of its size");
   }
+  PendingCollective p;
   if (impl_->local) {
     out.copy_(input.reshape(out.sizes()));
-    return;
+    return p;
   }
-  Timed t(impl_->stats);
-  detail::reduce_scatter(*impl_->group, out, input, op);
+  p.group_ = impl_->group.get();
+  p.stats_ = &impl_->stats;
+  p.work_ = detail::reduce_scatter_start(*impl_->group, out, input, op).release();
+  return p;
 }
 
 }  // namespace fsdp

@@ -188,6 +188,7 @@ FullyShardedSequential& Strategy::adopt() {
   FullyShardedSequential& m = *modules_.back();
   if (options_.cpu_offload && root_device().is_cuda()) m.offload_shards();  // on the CPU it has no effect (warned)
   m.set_prefetch(options_.forward_prefetch, options_.backward_prefetch);
+  if (options_.overlap_reduction) m.set_overlap_reduction(*options_.overlap_reduction);
   if (const auto& which = options_.activation_checkpointing_policy ? options_.activation_checkpointing_policy : options_.activation_checkpointing) {
     m.set_activation_checkpointing(*which);
   }

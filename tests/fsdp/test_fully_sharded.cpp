@@ -37,11 +37,28 @@ torch::nn::Sequential model() {
   return seq;
 }
 
-// Linear(10, 10) then ReLU as one module of its own type, counting its forwards.
+// Set: the model whose backward Mix watches (below).
+const fsdp::FullyShardedSequential* g_watched = nullptr;
+int g_overlapped = 0;  // backwards in which a unit's reduce-scatter was still in flight when Mix's was done
+
+// Linear(10, 10) then ReLU as one module of its own type, counting its forwards. Watching, it
+// notes whether, once backward is through it (and its unit's gradients are all there), the
+// reduction of the unit after it is still in flight: backward went on beside it.
 struct MixImpl : torch::nn::Module {
   MixImpl() : lin(register_module("lin", torch::nn::Linear(10, 10))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     ++calls;
+    if (g_watched && x.requires_grad()) {
+      x.register_hook([](const torch::Tensor& g) {
+        for (const auto& u : g_watched->units()) {
+          if (u->reducing()) {
+            ++g_overlapped;
+            break;
+          }
+        }
+        return g;
+      });
+    }
     return torch::relu(lin(x));
   }
   torch::nn::Linear lin;
@@ -244,6 +261,11 @@ int rank_main(const std::string& strategy) {
     }
     if (policy.module_types.empty()) m.set_activation_checkpointing([](const std::string& path) { return path == "body.1"; });
     else m.set_activation_checkpointing(policy);  // Mix, by its type name
+    if (!policy.own_unit && policy.module_types.empty() && !policy.min_num_params) {  // none: Mix runs once, not checkpointed
+      if (m.overlap_reduction()) throw std::runtime_error("Gloo's default is not to overlap the reduction");
+      m.set_overlap_reduction(true);
+      g_watched = &m;
+    }
   }
   if (held_whole > 0) {
     std::cerr << "deferred initialization: " << held_whole << " parameters of earlier children were still whole when a child was made\n";
@@ -314,6 +336,13 @@ int rank_main(const std::string& strategy) {
   }
   if (nested && mix->calls != (std::string(nested) == "none" ? 1 : 2) * (to - from)) {
     std::cerr << "rank " << pg.rank() << ": the nested Mix ran " << mix->calls << " times in " << (to - from) << " steps\n";
+    return 1;
+  }
+  // NOTE [Gradients reduced in backward], overlapped: out's reduce-scatter, started when its
+  // gradients were there, is waited for only when body's starts, after Mix's backward.
+  if (g_watched && g_overlapped != to - from) {
+    std::cerr << "rank " << pg.rank() << ": a reduction was in flight after Mix's backward in " << g_overlapped << " of " << (to - from)
+              << " steps\n";
     return 1;
   }
   if (checkpointing && counter->calls != 2 * (to - from)) {
@@ -482,8 +511,9 @@ int main(int argc, char** argv) {
     const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
     ::unsetenv("FSDP_TEST_NESTED");
     std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 2, a nested Sequential "
-              << (std::string(how) == "none" ? "left whole by the default policy" : std::string("opened by a policy by ") + how)
-              << " (its Mix checkpointed), equals single-process training under the model's FQNs\n";
+              << (std::string(how) == "none" ? "left whole by the default policy (reduction overlapped: out's reduce-scatter still in flight after Mix's backward)"
+                                             : std::string("opened by a policy by ") + how + " (its Mix checkpointed)")
+              << ", equals single-process training under the model's FQNs\n";
     (ok ? passed : failed)++;
   }
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}) {

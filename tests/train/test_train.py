@@ -279,17 +279,19 @@ def activation_checkpointing():
 
 def auto_wrap():
     base = None
-    for wrap in ("children", "block", "40000"):
-        d, log = os.path.join(work, f"aw-{wrap}"), os.path.join(work, f"aw-{wrap}.jsonl")
-        r = train("--steps", "5", "--batch-size", "4", "--auto-wrap", wrap, "--ckpt-dir", d, "--log-jsonl", log, nproc=2)
+    # Other units, or the reduce-scatter overlapped with backward: the same arithmetic.
+    for name, flags in (("children", ["--auto-wrap", "children"]), ("block", ["--auto-wrap", "block"]), ("40000", ["--auto-wrap", "40000"]),
+                        ("overlap", ["--auto-wrap", "block", "--overlap-reduction", "on"])):
+        d, log = os.path.join(work, f"aw-{name}"), os.path.join(work, f"aw-{name}.jsonl")
+        r = train("--steps", "5", "--batch-size", "4", *flags, "--ckpt-dir", d, "--log-jsonl", log, nproc=2)
         if base is None:
             base = (d, losses(log))
             continue
-        # Other units, the same arithmetic: the same losses and a bit-identical checkpoint.
-        assert losses(log) == base[1], (wrap, losses(log), base[1])
+        # The same losses and a bit-identical checkpoint.
+        assert losses(log) == base[1], (name, losses(log), base[1])
         diff = subprocess.run([a.inspect, "diff", os.path.join(base[0], "step-00000005"), os.path.join(d, "step-00000005")],
                               capture_output=True, text=True)
-        assert diff.returncode == 0 and "0 differ" in diff.stdout, (wrap, diff.stdout, diff.stderr)
+        assert diff.returncode == 0 and "0 differ" in diff.stdout, (name, diff.stdout, diff.stderr)
 
 
 def resume_equivalence():

@@ -94,6 +94,11 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
       ->check(CLI::IsMember({"BACKWARD_PRE", "NONE"}))->group(s);
   app->add_flag("--forward-prefetch", c.forward_prefetch, "start gathering the next unit when a unit's forward starts (FSDP's forward_prefetch)")
       ->group(s);
+  app->add_option("--overlap-reduction", c.overlap_reduction,
+                  "run each unit's gradient reduce-scatter beside the rest of backward: on, off, or auto (on with nccl, off with gloo, "
+                  "whose reduction takes the cores backward computes on)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->group(s);
   app->add_flag("--activation-checkpointing", c.activation_checkpointing,
                 "recompute each transformer block's forward in backward instead of keeping its activations (gpt)")->group(s);
   app->add_option("--device", c.device, "cpu, or cuda (each rank on the GPU its LOCAL_RANK names; a build against a LibTorch with CUDA)")

@@ -43,6 +43,7 @@ struct TrainConfig {
   bool activation_checkpointing = false;  ///< gpt: every block
   std::string backward_prefetch = "BACKWARD_PRE";  ///< or NONE
   bool forward_prefetch = false;
+  std::string overlap_reduction = "auto";  ///< on, off, or auto: on with nccl, off with gloo
   std::string auto_wrap = "children";  ///< children, block, or a parameter count
   std::string device = "cpu";  ///< cpu or cuda (each rank on the GPU its LOCAL_RANK names)
   std::string backend;  ///< gloo or nccl; empty: the device's (gloo on cpu, nccl on cuda)

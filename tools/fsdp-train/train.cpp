@@ -178,6 +178,7 @@ class Trainer {
     if (c.activation_checkpointing) o.activation_checkpointing_policy = fsdp::WrapPolicy{{}, {"Block"}, 0};  // Lightning's {Block}
     o.backward_prefetch = c.backward_prefetch == "BACKWARD_PRE";
     o.forward_prefetch = c.forward_prefetch;
+    if (c.overlap_reduction != "auto") o.overlap_reduction = c.overlap_reduction == "on";
     o.sharding_strategy = c.sharding_strategy;
     o.state_dict_type = c.state_dict_type;
     o.device_mesh = explicit_mesh(c);  // none: the strategy's default, one replica per machine

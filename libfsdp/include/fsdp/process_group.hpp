@@ -76,7 +76,8 @@ struct C10dGroup;
 struct PendingWork;
 }  // namespace detail
 
-/// A collective started and not yet waited for (ProcessGroup::all_gather_async): its output may
+/// A collective started and not yet waited for (ProcessGroup::all_gather_async,
+/// reduce_scatter_async): its output may
 /// be read only after wait(). Destroying it waits.
 class PendingCollective {
  public:
@@ -128,6 +129,10 @@ class ProcessGroup {
   /// reduction of every rank's `input`. On Gloo, which has no reduce-scatter, an all-reduce of a
   /// copy whose slice is kept.
   void reduce_scatter(at::Tensor& out, const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  /// reduce_scatter started on the backend's threads, so that computation can overlap it (FSDP's
+  /// reduce-scatter in backward); `out` is written when it is waited for. `input` is held until
+  /// then and must not change before (NCCL reads it on its own stream).
+  PendingCollective reduce_scatter_async(at::Tensor& out, const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
 
   /// A group of some of this group's ranks, as torch's new_group: `ranks` in this group's
   /// numbering, this process among them (its rank there is its index in `ranks`). They meet under

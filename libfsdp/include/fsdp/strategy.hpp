@@ -60,6 +60,9 @@ struct StrategyOptions {
   /// FSDP's backward_prefetch (BACKWARD_PRE when true, the default) and forward_prefetch.
   bool backward_prefetch = true;
   bool forward_prefetch = false;
+  /// Whether a unit's reduce-scatter in backward overlaps the rest of backward
+  /// (FullyShardedSequential::set_overlap_reduction); unset: on with NCCL, off with Gloo.
+  std::optional<bool> overlap_reduction;
   std::string sharding_strategy = "FULL_SHARD";  ///< FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD
   std::string state_dict_type = "sharded";       ///< sharded (a DCP directory) or full (one torch.save file)
   /// HYBRID_SHARD's (replicas, shards); their product must be the world size.
