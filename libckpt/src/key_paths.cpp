@@ -31,44 +31,66 @@ std::string_view KeyPaths::keep(std::string_view fqn) {
   return {at, fqn.size()};
 }
 
+bool KeyPaths::spell(std::string_view fqn, std::span<const Key> keys, Rec& r) {
+  if (keys.empty() || keys.size() > 16 || fqn.size() >= 0xffffffffu) return false;
+  std::uint32_t cuts[16];
+  std::uint16_t ints = 0;
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    if (k > 0) {
+      if (at >= fqn.size() || fqn[at] != '.') return false;
+      cuts[k - 1] = static_cast<std::uint32_t>(at);
+      ++at;
+    }
+    if (fqn.substr(at, keys[k].text.size()) != keys[k].text) return false;
+    at += keys[k].text.size();
+    if (keys[k].is_int) ints = static_cast<std::uint16_t>(ints | (1u << k));
+  }
+  if (at != fqn.size()) return false;
+  r = Rec{};
+  r.cuts_at = static_cast<std::uint32_t>(cuts_.size());
+  r.keys = static_cast<std::uint16_t>(keys.size());
+  r.ints = ints;
+  cuts_.insert(cuts_.end(), cuts, cuts + keys.size() - 1);
+  return true;
+}
+
 KeyPaths::Rec KeyPaths::compact(std::string_view fqn, const pickle::ValuePtr& value) {
   Rec r;
   const auto* seq = value ? value->sequence() : nullptr;
   // A tuple of 1 to 16 str and int keys that spell the FQN; anything else (a list too) stays a tree.
-  bool ok = seq && !seq->empty() && seq->size() <= 16 && value->is<pickle::Tuple>();
-  std::vector<std::uint32_t> cuts;
-  std::size_t at = 0;
-  for (std::size_t k = 0; ok && k < seq->size(); ++k) {
-    const pickle::Value& key = *(*seq)[k];
-    std::string number;  // an int key's text
-    std::string_view text;
-    if (const std::string* s = key.str()) {
-      text = *s;
-    } else if (auto i = key.int64(); i && key.is<pickle::Int>()) {
-      text = number = std::to_string(*i);
-      r.ints = static_cast<std::uint16_t>(r.ints | (1u << k));
-    } else {
-      ok = false;
-      break;
+  if (seq && !seq->empty() && seq->size() <= 16 && value->is<pickle::Tuple>()) {
+    Key keys[16];
+    std::string numbers[16];  // the int keys' texts
+    bool ok = true;
+    for (std::size_t k = 0; ok && k < seq->size(); ++k) {
+      const pickle::Value& key = *(*seq)[k];
+      if (const std::string* s = key.str()) {
+        keys[k] = {*s, false};
+      } else if (auto i = key.int64(); i && key.is<pickle::Int>()) {
+        numbers[k] = std::to_string(*i);
+        keys[k] = {numbers[k], true};
+      } else {
+        ok = false;
+      }
     }
-    if (k > 0) {
-      if (at >= fqn.size() || fqn[at] != '.') ok = false;
-      cuts.push_back(static_cast<std::uint32_t>(at));
-      ++at;
-    }
-    if (!ok || fqn.substr(at, text.size()) != text) ok = false;
-    at += text.size();
-  }
-  if (ok && at == fqn.size() && fqn.size() < 0xffffffffu) {
-    r.cuts_at = static_cast<std::uint32_t>(cuts_.size());
-    r.keys = static_cast<std::uint16_t>(seq->size());
-    cuts_.insert(cuts_.end(), cuts.begin(), cuts.end());
-    return r;
+    if (ok && spell(fqn, std::span<const Key>(keys, seq->size()), r)) return r;
   }
   r = Rec{};
   r.tree = static_cast<std::int32_t>(trees_.size());
   trees_.push_back(value);
   return r;
+}
+
+bool KeyPaths::set_spelled(std::string_view fqn, std::span<const Key> keys) {
+  Rec r;
+  if (!spell(fqn, keys, r)) return false;
+  if (auto it = index_.find(fqn); it != index_.end()) {
+    it->second = r;  // the old cuts or tree stay behind, as set()'s
+  } else {
+    index_.emplace(keep(fqn), r);
+  }
+  return true;
 }
 
 void KeyPaths::set(std::string_view fqn, const pickle::ValuePtr& value) {

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -34,6 +35,15 @@ class KeyPaths {
   void set(std::string_view fqn, const pickle::ValuePtr& value);
   /// Sets it unless `fqn` has one already.
   void add(std::string_view fqn, const pickle::ValuePtr& value);
+  /// One key of a path as text: a str's, or an int's in decimal (as std::to_string writes it).
+  struct Key {
+    std::string_view text;
+    bool is_int = false;
+  };
+  /// Sets `fqn`'s path to the tuple of `keys` and returns true when they spell it (a compact
+  /// path); otherwise sets nothing and returns false. A reader's way to keep a path without
+  /// making its tree first.
+  bool set_spelled(std::string_view fqn, std::span<const Key> keys);
   bool contains(std::string_view fqn) const { return index_.count(fqn) > 0; }
   /// `fqn`'s path: a tuple of str and int nodes, made anew for a compact one (offset 0), or the
   /// value as it was set; nullptr when `fqn` has none.
@@ -54,6 +64,8 @@ class KeyPaths {
   };
   std::string_view keep(std::string_view fqn);  ///< a copy that never moves
   Rec compact(std::string_view fqn, const pickle::ValuePtr& value);
+  /// Whether `keys` (1 to 16) spell `fqn`; if so `r` gets their cuts.
+  bool spell(std::string_view fqn, std::span<const Key> keys, Rec& r);
 
   std::vector<std::unique_ptr<char[]>> blocks_;
   std::size_t block_used_ = 0, block_size_ = 0;

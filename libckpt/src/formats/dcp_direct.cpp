@@ -22,11 +22,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "ckpt/error.hpp"
@@ -1176,7 +1178,7 @@ class DirectReader {
         if (paths_dict_ != 0) decline();
         paths_dict_ = d.b;
         d.x = kPaths;
-        for (std::size_t k = 0; k < d.n; k += 2) paths_.set(view(item(d, k)), tree(item(d, k + 1), 0));
+        for (std::size_t k = 0; k < d.n; k += 2) set_path(paths_, item(d, k), item(d, k + 1));
         d.n = 0;
         d.end = 0;
         retop();
@@ -1253,7 +1255,7 @@ class DirectReader {
   void take_paths(std::size_t from) {
     for (std::size_t k = from; k < stack_.size(); k += 2) {
       if (!path_pair(stack_[k], stack_[k + 1])) decline();
-      paths_.set(view(stack_[k]), tree(stack_[k + 1], 0));
+      set_path(paths_, stack_[k], stack_[k + 1]);
     }
     shrink(from);
     collect();
@@ -1293,12 +1295,36 @@ class DirectReader {
       }
       for (std::size_t k = 0; k < pd->n; k += 2) {
         const Tok& key = item(*pd, k);
-        if (key.tag == Tag::kStr) c_.planner_data.set(view(key), tree(item(*pd, k + 1), 0));
+        if (key.tag == Tag::kStr) set_path(c_.planner_data, key, item(*pd, k + 1));
       }
     }
     Tok r;
     r.tag = Tag::kRoot;
     return r;
+  }
+  // A planner_data pair into `paths`: compact straight from its tokens when its keys spell the FQN
+  // (every path flatten_state_dict makes), without making the tree KeyPaths would drop; else
+  // as its tree.
+  void set_path(KeyPaths& paths, const Tok& key, const Tok& value) {
+    const std::string_view fqn = view(key);
+    if (value.tag == Tag::kTuple && value.n >= 1 && value.n <= 16) {
+      KeyPaths::Key keys[16];
+      char numbers[16][24];  // the int keys' texts
+      bool ok = true;
+      for (std::size_t j = 0; ok && j < value.n; ++j) {
+        const Tok& k = item(value, j);
+        if (k.tag == Tag::kStr) {
+          keys[j] = {view(k), false};
+        } else if (k.tag == Tag::kInt) {
+          const auto r = std::to_chars(numbers[j], numbers[j] + sizeof numbers[j], static_cast<std::int64_t>(k.a));
+          keys[j] = {std::string_view(numbers[j], static_cast<std::size_t>(r.ptr - numbers[j])), true};
+        } else {
+          ok = false;
+        }
+      }
+      if (ok && paths.set_spelled(fqn, std::span<const KeyPaths::Key>(keys, value.n))) return;
+    }
+    paths.set(fqn, tree(value, 0));
   }
   // A planner_data value as the unpickler's tree: strs, ints and the tuples and lists of them.
   // A str or tuple a GET shared is one node, as in the tree reader.

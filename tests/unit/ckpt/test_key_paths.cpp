@@ -91,3 +91,28 @@ TEST_CASE("key paths: many names across blocks stay where they were put") {
   CHECK(pk::repr(*kp.find("model.layers.12345.a_rather_long_parameter_name.weight")) ==
         "('model', 'layers.12345.a_rather_long_parameter_name.weight')");
 }
+
+TEST_CASE("key paths: set_spelled keeps keys given as texts as set() keeps their tuple, and refuses what does not spell the FQN") {
+  ckpt::KeyPaths by_text, by_tree;
+  using K = ckpt::KeyPaths::Key;
+  const std::vector<K> lr{{"optimizer", false}, {"param_groups", false}, {"0", true}, {"lr", false}};
+  CHECK(by_text.set_spelled("optimizer.param_groups.0.lr", lr));
+  by_tree.set("optimizer.param_groups.0.lr", path({s("optimizer"), s("param_groups"), pk::make_int(0), s("lr")}));
+  CHECK(pk::repr(*by_text.find("optimizer.param_groups.0.lr")) == pk::repr(*by_tree.find("optimizer.param_groups.0.lr")));
+  CHECK(by_text.find("optimizer.param_groups.0.lr")->sequence()->at(2)->int64() == 0);
+  const std::vector<K> neg{{"a", false}, {"-3", true}};
+  CHECK(by_text.set_spelled("a.-3", neg));
+  CHECK(pk::repr(*by_text.find("a.-3")) == "('a', -3)");
+  // Not spelling it: nothing set.
+  const std::vector<K> other{{"model", false}, {"w", false}};
+  CHECK_FALSE(by_text.set_spelled("model.weight", other));
+  CHECK_FALSE(by_text.set_spelled("model", std::vector<K>{}));
+  CHECK_FALSE(by_text.set_spelled("model.w.x", other));
+  CHECK_FALSE(by_text.contains("model.weight"));
+  CHECK_FALSE(by_text.contains("model"));
+  // It replaces what was set before, a tree too.
+  by_text.set("odd", pk::make_list({s("odd")}));
+  CHECK(by_text.set_spelled("odd", std::vector<K>{{"odd", false}}));
+  CHECK(pk::repr(*by_text.find("odd")) == "('odd',)");
+  CHECK(by_text.size() == 3);
+}
