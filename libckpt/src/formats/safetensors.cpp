@@ -425,39 +425,61 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
       throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "tensor name '" + entries[i].name + "' given twice");
     }
   }
-  std::string h = "{";
-  if (!metadata.empty()) {
-    h += "\"__metadata__\":{";
-    for (std::size_t i = 0; i < metadata.size(); ++i) {
-      if (i) h += ',';
-      json_string(metadata[i].first, h);
-      h += ':';
-      json_string(metadata[i].second, h);
-    }
-    h += "}";
-  }
-  std::uint64_t at = 0;
+  // The header is made twice over: once to measure it, once into its exact room, a piece at a
+  // time through one scratch string (at 100,000 tensors it is about 9 MB: a string grown by
+  // doubling, then copied, held three times that at once).
+  std::string piece;
   std::vector<std::uint64_t> begins;
-  for (const auto& e : entries) {
-    if (h.size() > 1) h += ',';
-    json_string(e.name, h);
-    h += ":{\"dtype\":\"" + std::string(info(e.dtype).safetensors) + "\",\"shape\":[";
-    for (std::size_t i = 0; i < e.shape.size(); ++i) {
-      if (i) h += ',';
-      h += std::to_string(e.shape[i]);
+  begins.reserve(entries.size());
+  std::uint64_t at = 0;
+  auto header = [&](auto&& put) {
+    at = 0;
+    begins.clear();
+    piece = "{";
+    if (!metadata.empty()) {
+      piece += "\"__metadata__\":{";
+      for (std::size_t i = 0; i < metadata.size(); ++i) {
+        if (i) piece += ',';
+        json_string(metadata[i].first, piece);
+        piece += ':';
+        json_string(metadata[i].second, piece);
+      }
+      piece += "}";
     }
-    const std::uint64_t end = at + e.nbytes();
-    h += "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
-    begins.push_back(at);
-    at = end;
-  }
-  h += "}";
-  h.append((8 - h.size() % 8) % 8, ' ');
+    bool first = metadata.empty();
+    for (const auto& e : entries) {
+      if (!first) piece += ',';
+      first = false;
+      json_string(e.name, piece);
+      piece += ":{\"dtype\":\"";
+      piece += info(e.dtype).safetensors;
+      piece += "\",\"shape\":[";
+      for (std::size_t i = 0; i < e.shape.size(); ++i) {
+        if (i) piece += ',';
+        piece += std::to_string(e.shape[i]);
+      }
+      const std::uint64_t end = at + e.nbytes();
+      piece += "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
+      begins.push_back(at);
+      at = end;
+      put(piece);
+      piece.clear();
+    }
+    piece += "}";
+    put(piece);
+    piece.clear();
+  };
+  std::uint64_t json = 0;
+  header([&](const std::string& p) { json += p.size(); });
+  const std::uint64_t n = json + (8 - json % 8) % 8;  // padded with spaces to a multiple of 8
   SafetensorsLayout out;
-  const std::uint64_t n = h.size();
-  out.head.resize(8 + h.size());
+  out.head.resize(8 + n, static_cast<std::byte>(' '));
   for (int i = 0; i < 8; ++i) out.head[static_cast<std::size_t>(i)] = static_cast<std::byte>(n >> (8 * i));
-  std::memcpy(out.head.data() + 8, h.data(), h.size());
+  std::size_t w = 8;
+  header([&](const std::string& p) {
+    std::memcpy(out.head.data() + w, p.data(), p.size());
+    w += p.size();
+  });
   for (auto& b : begins) b += out.head.size();
   out.begins = std::move(begins);
   out.entries = std::move(entries);
