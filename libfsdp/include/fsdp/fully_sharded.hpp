@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fully sharded data parallelism over a torch::nn::Sequential (DESIGN.md "libfsdp"): the
-// children with parameters (or, inside nested Sequentials a policy opens, theirs) are grouped
-// into FSDP units by a wrap policy (by default each child is one). A unit's parameters are flattened into one buffer, padded to a
-// multiple of the group size, and each rank keeps its slice: the leaf the optimizer steps. Before a
+// children with parameters (or, inside the Chains a policy opens, theirs) are grouped into FSDP
+// units by a wrap policy (by default each child is one). A unit's parameters are flattened into
+// one buffer, padded to a multiple of the group size, and each rank keeps its slice: the leaf the optimizer steps. Before a
 // unit runs forward its parameters are all-gathered into the module (the module's own Parameters
 // are pointed at views of the gathered buffer); FULL_SHARD frees them after forward and gathers
 // them again when the unit's backward starts (a hook on its output), SHARD_GRAD_OP keeps them
@@ -91,6 +91,7 @@ class FlatUnit {
   /// start. Finishing nothing pending does nothing.
   void start_reduction(std::optional<c10::ScalarType> reduce_dtype = std::nullopt);
   void finish_reduction();
+  /// A reduction started and not yet waited for.
   bool reducing() const noexcept { return reduction_.pending(); }
   /// The module's gradients as one padded flat buffer (zeros where a parameter has none); the
   /// module's own gradients are cleared. reduce_gradients() is this, a collective, and add_grad.
@@ -202,14 +203,14 @@ struct WrapPolicy {
   /// own; the others with parameters share one unit, the root's (gathered from the first of them
   /// to run to the last).
   std::function<bool(const std::string& path)> own_unit;
-  /// ModuleWrapPolicy's set of module classes, wherever they are in nested Sequentials: a module
+  /// ModuleWrapPolicy's set of module classes, wherever they are in Chains: a module
   /// is accepted when its Module::name() ("ns::BlockImpl" for a class without a name of its own)
   /// is in the set whole, without its namespace ("BlockImpl"), or also without a trailing "Impl"
   /// ("Block", the TORCH_MODULE holder's name).
   std::set<std::string> module_types;
   /// > 0 (size_based_auto_wrap_policy, instead of the above): consecutive modules share a unit
-  /// until it holds at least this many parameters; the remainder is the last unit. A nested
-  /// Sequential holding more than this many is opened.
+  /// until it holds at least this many parameters; the remainder is the last unit. A Chain
+  /// holding more than this many is opened.
   std::int64_t min_num_params = 0;
 };
 
@@ -282,8 +283,8 @@ class FullyShardedSequential {
   /// Whether a unit's reduce-scatter in backward runs on the backend's threads while backward goes
   /// on (NOTE [Gradients reduced in backward]) or is waited for at once. The default: on with
   /// NCCL, where the GPU computes beside it; off with Gloo, whose reduction takes the very cores
-  /// backward computes on (bench: about 7% slower overlapped at 2 ranks on 2 cores). The
-  /// arithmetic is the same either way.
+  /// backward computes on (overlapped, a step was 7-27% slower in an A/B at 2 ranks on 2 cores).
+  /// The arithmetic is the same either way.
   void set_overlap_reduction(bool on) noexcept;
   bool overlap_reduction() const noexcept;
   /// FSDP's CPU offload for every unit (FlatUnit::offload_shard): shards, gradients and optimizer
@@ -292,8 +293,8 @@ class FullyShardedSequential {
   /// How many unit reductions backward has made so far (tests: that the hooks run).
   std::int64_t reductions_in_backward() const noexcept;
 
-  /// One module forward runs in turn: a child of the model, or of a nested Sequential the wrap
-  /// policy opened (WrapPolicy).
+  /// One module forward runs in turn: a child of the model, or of a Chain the wrap policy opened
+  /// (WrapPolicy).
   struct Leaf {
     std::string path;  ///< "block3"; "h.3" inside the child h
     std::shared_ptr<torch::nn::SequentialImpl> owner;
@@ -331,7 +332,7 @@ class FullyShardedSequential {
   std::vector<Leaf> leaves_;
   std::vector<bool> checkpointed_;  ///< per leaf
   std::vector<std::unique_ptr<FlatUnit>> units_;  ///< in the order of their first leaf
-  std::vector<FlatUnit*> leaf_unit_;             ///< per leaf: its unit, or nullptr (no parameters)
+  std::vector<FlatUnit*> leaf_unit_;              ///< per leaf: its unit, or nullptr (no parameters)
   std::vector<bool> ends_unit_;                   ///< per leaf: the last leaf of its unit
   std::vector<FlatUnit*> next_unit_, prev_unit_;  ///< per leaf: the nearest other unit after it, before it
   bool forward_prefetch_ = false, backward_prefetch_ = true;

@@ -77,8 +77,7 @@ struct PendingWork;
 }  // namespace detail
 
 /// A collective started and not yet waited for (ProcessGroup::all_gather_async,
-/// reduce_scatter_async): its output may
-/// be read only after wait(). Destroying it waits.
+/// reduce_scatter_async): its output may be read only after wait(). Destroying it waits.
 class PendingCollective {
  public:
   PendingCollective() = default;
