@@ -85,21 +85,18 @@ KeyPaths::Rec KeyPaths::compact(std::string_view fqn, const pickle::ValuePtr& va
 bool KeyPaths::set_spelled(std::string_view fqn, std::span<const Key> keys) {
   Rec r;
   if (!spell(fqn, keys, r)) return false;
-  if (auto it = index_.find(fqn); it != index_.end()) {
-    it->second = r;  // the old cuts or tree stay behind, as set()'s
-  } else {
-    index_.emplace(keep(fqn), r);
-  }
+  put(fqn, r);
   return true;
 }
 
-void KeyPaths::set(std::string_view fqn, const pickle::ValuePtr& value) {
+void KeyPaths::set(std::string_view fqn, const pickle::ValuePtr& value) { put(fqn, compact(fqn, value)); }
+
+void KeyPaths::put(std::string_view fqn, const Rec& r) {
   if (auto it = index_.find(fqn); it != index_.end()) {
-    it->second = compact(it->first, value);  // the old cuts or tree stay behind: rare (a repeated key)
-    return;
+    it->second = r;  // the old cuts or tree stay behind: rare (a repeated key)
+  } else {
+    index_.emplace(keep(fqn), r);  // cuts are positions: the same in the kept copy
   }
-  const std::string_view kept = keep(fqn);
-  index_.emplace(kept, compact(kept, value));
 }
 
 void KeyPaths::add(std::string_view fqn, const pickle::ValuePtr& value) {

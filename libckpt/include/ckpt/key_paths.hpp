@@ -66,6 +66,8 @@ class KeyPaths {
   Rec compact(std::string_view fqn, const pickle::ValuePtr& value);
   /// Whether `keys` (1 to 16) spell `fqn`; if so `r` gets their cuts.
   bool spell(std::string_view fqn, std::span<const Key> keys, Rec& r);
+  /// `fqn`'s record becomes `r`.
+  void put(std::string_view fqn, const Rec& r);
 
   std::vector<std::unique_ptr<char[]>> blocks_;
   std::size_t block_used_ = 0, block_size_ = 0;
