@@ -7,7 +7,8 @@
 #     LibTorch on the GPU, sharded and full checkpoints saved from the GPU and loaded back;
 #  2. PyTorch 2.x loads those checkpoints (dcp.load, torch.load(weights_only=True));
 #  3. fsdp-train --device cuda (32-true, bf16-mixed, 16-mixed), a checkpoint merged and loaded by
-#     PyTorch 2.x, and resumed on the CPU at 2 ranks (gloo): a checkpoint is the same from either.
+#     PyTorch 2.x, and resumed on the CPU at 2 ranks (gloo): a checkpoint is the same from either;
+#  4. tests/interop/pytorch2/run.py: PyTorch 2.x and the checkpoint tools, each reading the other.
 # Usage (repository root): bash tests/gpu/run.sh [OUTDIR]. Exit status: the number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -115,5 +116,8 @@ if [[ -n $ck ]]; then
   check $b/fsdp-train --device cpu --nproc 2 --model gpt --data $text --steps 70 --lr 3e-3 --log-every 5 --batch-size 4 \
     --resume "$ck" --ckpt-dir "$out/train_cpu" --log-jsonl "$out/train_cpu.jsonl"
 fi
+step "4. PyTorch $torch_version reads and writes checkpoints with our tools (tests/interop/pytorch2/run.py, on the CPU)"
+check timeout 300 $py tests/interop/pytorch2/run.py --probe .dev/bin/ckpt_probe --inspect .dev/bin/fsdp-ckpt-inspect \
+  --merge .dev/bin/fsdp-ckpt-merge --shard .dev/bin/fsdp-ckpt-shard
 step "done: $failed failed"
 exit $failed
