@@ -61,6 +61,7 @@ struct SafetensorsEntry {
 struct SafetensorsLayout {
   std::vector<std::byte> head;            ///< the 8-byte length and the padded JSON header
   std::vector<SafetensorsEntry> entries;  ///< in the order their bytes follow the header
+  std::vector<std::size_t> order;         ///< each of `entries`' index in the entries planned
   std::vector<std::uint64_t> begins;      ///< absolute offset of each entry's first byte
   std::uint64_t size = 0;                 ///< of the whole file
 };

@@ -416,13 +416,41 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
     }
     if (e.name == "__metadata__") throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "a tensor cannot be named __metadata__");
   }
-  std::stable_sort(entries.begin(), entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+  std::vector<std::size_t> order(entries.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) {
+    const SafetensorsEntry &a = entries[i], &b = entries[j];
     const int ra = dtype_rank(a.dtype), rb = dtype_rank(b.dtype);
     return ra != rb ? ra > rb : a.name < b.name;
   });
-  for (std::size_t i = 1; i < entries.size(); ++i) {
-    if (entries[i].name == entries[i - 1].name) {
-      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "tensor name '" + entries[i].name + "' given twice");
+  {
+    // Into that order in place, cycle by cycle (a second vector would be as large again): place i
+    // takes the entry given at order[i].
+    std::vector<bool> placed(entries.size());
+    for (std::size_t start = 0; start < entries.size(); ++start) {
+      if (placed[start]) continue;
+      SafetensorsEntry first = std::move(entries[start]);
+      for (std::size_t at = start;;) {
+        placed[at] = true;
+        const std::size_t from = order[at];
+        if (from == start) {
+          entries[at] = std::move(first);
+          break;
+        }
+        entries[at] = std::move(entries[from]);
+        at = from;
+      }
+    }
+  }
+  {
+    // By name alone: two entries of one name and different dtypes are not neighbours above.
+    std::vector<std::string_view> names;
+    names.reserve(entries.size());
+    for (const auto& e : entries) names.push_back(e.name);
+    std::sort(names.begin(), names.end());
+    const auto twice = std::adjacent_find(names.begin(), names.end());
+    if (twice != names.end()) {
+      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "tensor name '" + std::string(*twice) + "' given twice");
     }
   }
   // The header is made twice over: once to measure it, once into its exact room, a piece at a
@@ -483,6 +511,7 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
   for (auto& b : begins) b += out.head.size();
   out.begins = std::move(begins);
   out.entries = std::move(entries);
+  out.order = std::move(order);
   out.size = out.head.size() + at;
   return out;
 }

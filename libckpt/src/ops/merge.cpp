@@ -37,7 +37,7 @@ struct Key {
 };
 
 struct Leaf {
-  enum Kind { kTensor, kObject, kMeta } kind;
+  enum Kind { kTensor, kObject, kMeta } kind = kTensor;
   std::string name;
   std::vector<Key> path;
   const TensorEntry* tensor = nullptr;
@@ -155,21 +155,31 @@ class Merger {
 
   // The leaves in the order the checkpoint stores them, filtered.
   void collect() {
-    std::vector<std::pair<std::size_t, Leaf>> all;
-    for (const TensorEntry& t : c_.tensors) {
-      Leaf l{Leaf::kTensor, t.name, path_of(t.name), &t, t.dtype, nullptr, nullptr};
-      if (o_.dtype && is_castable_float(t.dtype)) l.out = *o_.dtype;
-      all.emplace_back(t.position, std::move(l));
-    }
-    for (const ObjectEntry& e : c_.objects) {
+    // (stored position, entry): a tensor by its index, an object after them all. The leaves are
+    // made once in that order, each as large as the vector they go into holds it.
+    const std::size_t ntensors = c_.tensors.size();
+    std::vector<std::pair<std::size_t, std::size_t>> order;
+    order.reserve(ntensors + c_.objects.size());
+    for (std::size_t i = 0; i < ntensors; ++i) order.emplace_back(c_.tensors[i].position, i);
+    for (std::size_t i = 0; i < c_.objects.size(); ++i) {
       if (o_.format != MergeFormat::kTorch) {  // safetensors and HDF5: tensors only
         ++dropped_;
         continue;
       }
-      all.emplace_back(e.position, Leaf{Leaf::kObject, e.name, path_of(e.name), nullptr, {}, nullptr, &e});
+      order.emplace_back(c_.objects[i].position, ntensors + i);
     }
-    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& [pos, l] : all) {
+    std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    leaves_.reserve(order.size());
+    for (const auto& [pos, i] : order) {
+      Leaf l;
+      if (i < ntensors) {
+        const TensorEntry& t = c_.tensors[i];
+        l = Leaf{Leaf::kTensor, t.name, path_of(t.name), &t, t.dtype, nullptr, nullptr};
+        if (o_.dtype && is_castable_float(t.dtype)) l.out = *o_.dtype;
+      } else {
+        const ObjectEntry& e = c_.objects[i - ntensors];
+        l = Leaf{Leaf::kObject, e.name, path_of(e.name), nullptr, {}, nullptr, &e};
+      }
       if (!selected(l.name, l.path.front())) {
         ++dropped_;
         continue;
@@ -390,6 +400,7 @@ class Merger {
       }
     }
     std::vector<std::pair<std::string, const Leaf*>> named;
+    named.reserve(leaves_.size());
     for (const Leaf& l : leaves_) {
       if (!key) {
         named.emplace_back(l.name, &l);
@@ -406,18 +417,19 @@ class Merger {
                   key ? "no tensor is under the top-level key '" + *key + "' (see fsdp-ckpt-inspect for the entries)"
                       : std::string("no tensor is selected"));
     }
-    // Hugging Face's greedy split, in entry order.
-    std::vector<std::vector<std::pair<std::string, const Leaf*>>> shards(1);
+    // Hugging Face's greedy split, in entry order: shard s is named[cuts[s], cuts[s + 1]).
+    std::vector<std::size_t> cuts{0};
     std::uint64_t in_shard = 0;
-    for (auto& n : named) {
-      const std::uint64_t b = n.second->tensor->numel() * element_size(n.second->out);
-      if (o_.max_shard_size && !shards.back().empty() && in_shard + b > *o_.max_shard_size) {
-        shards.emplace_back();
+    for (std::size_t i = 0; i < named.size(); ++i) {
+      const std::uint64_t b = named[i].second->tensor->numel() * element_size(named[i].second->out);
+      if (o_.max_shard_size && i > cuts.back() && in_shard + b > *o_.max_shard_size) {
+        cuts.push_back(i);
         in_shard = 0;
       }
-      shards.back().push_back(std::move(n));
       in_shard += b;
     }
+    cuts.push_back(named.size());
+    const std::size_t nshards = cuts.size() - 1;
     const bool dir = o_.max_shard_size.has_value();
     const std::vector<std::pair<std::string, std::string>> metadata{
         {"format", "pt"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}};
@@ -429,31 +441,32 @@ class Merger {
     };
     std::vector<Planned> files;
     MergeResult result;
-    for (std::size_t s = 0; s < shards.size(); ++s) {
+    for (std::size_t s = 0; s < nshards; ++s) {
       std::string fname = output_.filename().string();
       if (dir) {
         char buf[64];
-        std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-        fname = shards.size() == 1 ? "model.safetensors" : buf;
+        std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
+        fname = nshards == 1 ? "model.safetensors" : buf;
       }
+      // The names move into the plan, which gives each entry's place in this shard back (a name
+      // given twice, by --key or a flattened path, is refused there).
       std::vector<SafetensorsEntry> entries;
-      std::unordered_map<std::string_view, const Leaf*> by_name;  // views of shards[s]'s names
-      by_name.reserve(shards[s].size());
-      for (const auto& [n, l] : shards[s]) {
-        std::vector<std::uint64_t> shape(l->tensor->shape.begin(), l->tensor->shape.end());
-        entries.push_back({n, l->out, std::move(shape), nullptr});
-        if (!by_name.emplace(n, l).second) {
-          throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt, "two tensors would both be named '" + n + "'");
-        }
+      entries.reserve(cuts[s + 1] - cuts[s]);
+      for (std::size_t i = cuts[s]; i < cuts[s + 1]; ++i) {
+        const Leaf& l = *named[i].second;
+        std::vector<std::uint64_t> shape(l.tensor->shape.begin(), l.tensor->shape.end());
+        entries.push_back({std::move(named[i].first), l.out, std::move(shape), nullptr});
       }
       Planned p{fname, plan_safetensors(std::move(entries), metadata, fname), {}};
-      for (const auto& e : p.layout.entries) {
-        p.leaves.push_back(by_name.at(e.name));
-        report(result, *p.leaves.back(), fname, &e.name);
+      p.leaves.reserve(p.layout.order.size());
+      for (std::size_t i = 0; i < p.layout.order.size(); ++i) {
+        p.leaves.push_back(named[cuts[s] + p.layout.order[i]].second);
+        report(result, *p.leaves.back(), fname, &p.layout.entries[i].name);
       }
       result.files.push_back({dir ? output_ / fname : output_, p.layout.size, p.leaves.size()});
       files.push_back(std::move(p));
     }
+    std::vector<std::pair<std::string, const Leaf*>>().swap(named);  // its names moved into the plans
     std::string index;
     if (dir && files.size() > 1) {
       nlohmann::ordered_json j;

@@ -46,6 +46,17 @@ TEST_CASE("safetensors round trip in memory", "[ckpt][safetensors]") {
                          ckpt::Error, IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "safetensors cannot store"));
 }
 
+TEST_CASE("plan_safetensors gives each entry's place among those given", "[ckpt][safetensors]") {
+  std::vector<ckpt::SafetensorsEntry> e{{"b", DType::kUInt8, {3}, nullptr}, {"a", DType::kFloat32, {2}, nullptr},
+                                        {"s", DType::kFloat64, {}, nullptr}, {"z", DType::kInt16, {0, 5}, nullptr}};
+  const ckpt::SafetensorsLayout l = ckpt::plan_safetensors(e, {}, "p.safetensors");
+  REQUIRE(l.order == std::vector<std::size_t>{2, 1, 3, 0});  // s (F64), a (F32), z (I16), b (U8)
+  for (std::size_t i = 0; i < l.order.size(); ++i) CHECK(l.entries[i].name == e[l.order[i]].name);
+  e.push_back({"a", DType::kFloat16, {1}, nullptr});
+  REQUIRE_THROWS_MATCHES(ckpt::plan_safetensors(e, {}, "p.safetensors"), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "tensor name 'a' given twice"));
+}
+
 TEST_CASE("real safetensors files written by the reference implementation", "[ckpt][safetensors]") {
   const auto dir = shared_testdata_or_skip("huggingface__safetensors__samples");
   auto f = ckpt::read_safetensors(ckpt::open_file(dir / "overall.safetensors"));
