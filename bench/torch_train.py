@@ -25,6 +25,12 @@ p.add_argument("--n-head", type=int, default=4)
 p.add_argument("--block-size", type=int, default=64)
 p.add_argument("--port", type=int, default=29533)
 a = p.parse_args()
+# Each rank's BLAS threads are its share of the cores, as fsdp-train sets them (fsdp::set_num_threads)
+# and as torchrun's OMP_NUM_THREADS=1 does for its ranks; torch.set_num_threads below does not
+# reach OpenBLAS's own pool. Set before torch is imported: OpenBLAS reads it when it loads.
+os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, os.cpu_count() // a.world))
+# And OpenMP's idle threads sleep, as in the ranks fsdp-train --nproc starts (unless set otherwise).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def rank_main(rank, world, out):

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fsdp/strategy.hpp"
 
+#include <dlfcn.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
@@ -25,6 +26,15 @@ StrategyOptions registered_strategy(std::string_view name) {
 }
 
 std::vector<std::string> registered_strategies() { return {"fsdp", "fsdp_cpu_offload"}; }
+
+bool set_num_threads(int threads) {
+  torch::set_num_threads(threads);
+  // OpenBLAS's setter, where the OpenBLAS LibTorch loaded exports it (another BLAS has none).
+  using SetThreads = void (*)(int);
+  auto* openblas = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (openblas) openblas(threads);
+  return openblas != nullptr;
+}
 
 Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   const std::string& a = options_.accelerator;

@@ -6,6 +6,8 @@
 // the ranks of the multi-rank case.
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -286,6 +288,25 @@ int rank_main() {
   return failures ? 1 : 0;
 }
 
+// fsdp::set_num_threads reaches OpenBLAS's own pool (which torch::set_num_threads does not) where
+// LibTorch computes through OpenBLAS, as Debian's does with libopenblas0-pthread installed.
+bool blas_threads() {
+  using GetThreads = int (*)();
+  auto* get = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const int before = get ? get() : 0;
+  bool ok = fsdp::set_num_threads(1) == (get != nullptr) && torch::get_num_threads() == 1;
+  if (get) {
+    ok = ok && get() == 1;
+    fsdp::set_num_threads(3);
+    ok = ok && get() == 3 && torch::get_num_threads() == 3;
+    fsdp::set_num_threads(before);
+  }
+  torch::set_num_threads(1);
+  std::cout << (ok ? "ok   " : "FAIL ") << "set_num_threads sets torch's threads and "
+            << (get ? "OpenBLAS's (1, then 3)" : "finds no OpenBLAS (LibTorch computes through another BLAS)") << "\n";
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -307,6 +328,7 @@ int main(int argc, char** argv) {
   }
   std::cout << (failures ? "FAIL " : "ok   ") << "the seed's errors, a sharded and a full save with a filter, strict and non-strict loads (world of one)\n";
   (failures ? failed : passed)++;
+  (blas_threads() ? passed : failed)++;
   char tmpl[] = "/tmp/fsdp-strategy2-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   ::setenv("FSDP_TEST_DIR", dir.c_str(), 1);

@@ -280,7 +280,7 @@ def activation_checkpointing():
 def auto_wrap():
     base = None
     # Other units, or the reduce-scatter overlapped with backward: the same arithmetic.
-    for name, flags in (("children", ["--auto-wrap", "children"]), ("block", ["--auto-wrap", "block"]), ("40000", ["--auto-wrap", "40000"]),
+    for name, flags in (("children", ["--auto-wrap", "children"]), ("auto", []), ("block", ["--auto-wrap", "block"]), ("40000", ["--auto-wrap", "40000"]),
                         ("overlap", ["--auto-wrap", "block", "--overlap-reduction", "on"])):
         d, log = os.path.join(work, f"aw-{name}"), os.path.join(work, f"aw-{name}.jsonl")
         r = train("--steps", "5", "--batch-size", "4", *flags, "--ckpt-dir", d, "--log-jsonl", log, nproc=2)

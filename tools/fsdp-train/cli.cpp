@@ -85,9 +85,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
       ->check(dtypes)->group(s);
   app->add_option("--buffer-dtype", c.buffer_dtype, "cast the model's buffers to this dtype")->check(dtypes)->group(s);
   app->add_option("--auto-wrap", c.auto_wrap,
-                  "FSDP units: children (each top-level module: embed, every block, head), block (each block; embed and head "
-                  "share the root unit), or N (consecutive modules grouped until a unit holds N parameters)")
-      ->check(CLI::IsMember({"children", "block"}) | CLI::PositiveNumber)->group(s);
+                  "FSDP units: auto (the default: N = 100000000, size_based_auto_wrap_policy's default, so a model under 100M "
+                  "parameters is one unit), children (each top-level module: embed, every block, head), block (each block; "
+                  "embed and head share the root unit), or N (consecutive modules grouped until a unit holds N parameters)")
+      ->check(CLI::IsMember({"auto", "children", "block"}) | CLI::PositiveNumber)->group(s);
   app->add_option("--backward-prefetch", c.backward_prefetch,
                   "BACKWARD_PRE (FSDP's default): when a unit's backward starts, start gathering the next one's; NONE: gather "
                   "each when its backward starts")
@@ -105,7 +106,7 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
       ->check(CLI::IsMember({"cpu", "cuda"}))->group(s);
   app->add_option("--backend", c.backend, "gloo or nccl (default: gloo on cpu, nccl on cuda)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);
   app->add_option("--timeout", c.timeout, "seconds a collective may wait for the other ranks")->check(CLI::PositiveNumber)->group(s);
-  app->add_option("--threads", c.threads, "intra-op threads per rank (0: the machine's cores shared among the local ranks)")->check(CLI::Range(0, 4096))->group(s);
+  app->add_option("--threads", c.threads, "intra-op threads per rank, LibTorch's and OpenBLAS's (0: the machine's cores shared among the local ranks)")->check(CLI::Range(0, 4096))->group(s);
   auto* l = "Launching";
   app->add_option("--nproc", c.nproc,
                   "start N local ranks (without it, one rank of the world that RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, "
@@ -134,7 +135,7 @@ void validate(TrainConfig& c) {
   c.model = "script";
   // A script's forward is opaque: FSDP cannot run, wrap or recompute its parts one by one.
   if (c.activation_checkpointing) throw std::runtime_error("--activation-checkpointing needs the model's blocks; a --model-script is one opaque module");
-  if (c.auto_wrap != "children") throw std::runtime_error("--auto-wrap " + c.auto_wrap + ": a --model-script is one FSDP unit (its forward is opaque)");
+  if (c.auto_wrap != "auto" && c.auto_wrap != "children") throw std::runtime_error("--auto-wrap " + c.auto_wrap + ": a --model-script is one FSDP unit (its forward is opaque)");
   if (c.tie_weights) throw std::runtime_error("--tie-weights is for --model gpt; a --model-script ties what it ties");
 }
 

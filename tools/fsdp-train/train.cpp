@@ -309,6 +309,8 @@ class Trainer {
     fsdp::WrapPolicy w;
     if (c.auto_wrap == "block") {
       w.module_types = {"Block"};  // Lightning's auto_wrap_policy={Block}
+    } else if (c.auto_wrap == "auto") {
+      w.min_num_params = kAutoWrapParams;
     } else if (c.auto_wrap != "children") {
       w.min_num_params = std::stoll(c.auto_wrap);
     }
@@ -578,7 +580,7 @@ int run_rank(const TrainConfig& config, const std::map<std::string, std::string>
   int local_world = world;
   if (auto it = env.find("LOCAL_WORLD_SIZE"); it != env.end()) local_world = std::max(1, std::atoi(it->second.c_str()));
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  torch::set_num_threads(config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
+  fsdp::set_num_threads(config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, cores / static_cast<unsigned>(local_world))));
   // The strategy joins the ranks (a world of one through a FileStore it removes), makes
   // HYBRID_SHARD's mesh, and sets the model and optimizer up as Fabric's FSDPStrategy does.
   fsdp::Strategy strategy(Trainer::strategy_options(config));

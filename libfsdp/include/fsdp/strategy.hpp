@@ -79,6 +79,14 @@ struct StrategyOptions {
 StrategyOptions registered_strategy(std::string_view name);
 std::vector<std::string> registered_strategies();
 
+/// This process's intra-op threads: torch::set_num_threads, and OpenBLAS's own thread pool when
+/// LibTorch computes through OpenBLAS, which torch's setting does not reach (LibTorch sets
+/// OpenMP's and MKL's only). An OpenBLAS built with pthreads (Debian's libopenblas0-pthread) keeps
+/// a pool as large as the machine in every process, so local ranks each given their share of the
+/// cores would still spin that many BLAS threads each: at 2 ranks on 2 cores the 3.2M-parameter
+/// GPT's step took 2-2.4 times as long. Returns whether OpenBLAS was found and set.
+bool set_num_threads(int threads);
+
 /// One object of a checkpoint's state: the model set up by the strategy, its optimizer, or any
 /// other value (saved in meta.pt, or at the top level of a full checkpoint).
 using StateItem = std::variant<FullyShardedSequential*, ShardedOptimizer*, ckpt::pickle::ValuePtr>;
