@@ -390,7 +390,7 @@ class Trainer {
       if (u) for (const auto& p : u->params()) params += p.alias_of < 0 ? p.numel : 0;  // a tied weight once
     }
     return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
-           c_.sharding_strategy + mesh_text() + " (" + std::to_string(fsdp_.units().size()) + " units), " + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
+           c_.sharding_strategy + mesh_text() + " (" + std::to_string(fsdp_.units().size()) + (fsdp_.units().size() == 1 ? " unit), " : " units), ") + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
            std::to_string(c_.block_size) + " tokens, data " + data_.source + " (" + std::to_string(data_.tokens.size()) + " tokens)" +
            (start > 0 ? ", resuming after step " + std::to_string(start) : "");
   }
