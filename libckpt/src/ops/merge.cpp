@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <deque>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -38,7 +39,7 @@ struct Key {
 
 struct Leaf {
   enum Kind { kTensor, kObject, kMeta } kind = kTensor;
-  std::string name;
+  std::string_view name;  ///< the entry's own name, or a meta.pt key's text (Merger::meta_names_)
   std::vector<Key> path;
   const TensorEntry* tensor = nullptr;
   DType out{};
@@ -85,7 +86,7 @@ std::string path_text(const std::vector<Key>& path) {
 void set_element(Node& root, const Leaf& leaf, const std::string& where) {
   const std::vector<Key>& path = leaf.path;
   auto fail = [&](const std::string& what) {
-    throw Error(ErrorKind::kFormat, where, std::nullopt, "planner_data path " + path_text(path) + " of '" + leaf.name + "' " + what);
+    throw Error(ErrorKind::kFormat, where, std::nullopt, "planner_data path " + path_text(path) + " of '" + std::string(leaf.name) + "' " + what);
   };
   auto slot = [&](Node& container, const Key& k) -> std::unique_ptr<Node>& {
     if (container.kind == Node::kDict) {
@@ -126,7 +127,7 @@ class Merger {
   }
 
  private:
-  bool selected(const std::string& name, const std::optional<Key>& top) const {
+  bool selected(std::string_view name, const std::optional<Key>& top) const {
     // A torch.save leaf without a key path is named by its flattened keys: "model.<fqn>".
     const bool flat_model = c_.format == Format::kTorchSave && !c_.planner_data.contains(name) && name.starts_with("model.");
     if (o_.model_only && !flat_model && (!top || top->is_int || top->text != "model")) return false;
@@ -192,7 +193,7 @@ class Merger {
     if (c_.format == Format::kTorchSave) {
       const bool keyed = std::all_of(leaves_.begin(), leaves_.end(), [&](const Leaf& l) { return c_.planner_data.contains(l.name); });
       if (!keyed) {
-        for (Leaf& l : leaves_) l.path = {Key{false, l.name, 0}};
+        for (Leaf& l : leaves_) l.path = {Key{false, std::string(l.name), 0}};
       }
     }
     // Lightning's meta.pt: its top-level keys, merged in after the DCP part.
@@ -212,7 +213,8 @@ class Merger {
             ++dropped_;
             continue;
           }
-          leaves_.push_back(Leaf{Leaf::kMeta, key.display(), {key}, nullptr, {}, v, nullptr});
+          meta_names_.push_back(key.display());
+          leaves_.push_back(Leaf{Leaf::kMeta, meta_names_.back(), {key}, nullptr, {}, v, nullptr});
         }
       }
     }
@@ -312,7 +314,7 @@ class Merger {
     r.tensor_bytes += nbytes;
     if (!o_.report_entries) return;
     MergedEntry e;
-    e.name = name ? *name : l.name;
+    e.name = name ? *name : std::string(l.name);
     e.kind = l.kind == Leaf::kTensor ? "tensor" : l.kind == Leaf::kObject ? "object" : "meta";
     e.file = file;
     if (l.tensor) {
@@ -543,6 +545,7 @@ class Merger {
   const MergeOptions& o_;
   ChunkReader reader_;
   std::vector<Leaf> leaves_;
+  std::deque<std::string> meta_names_;  ///< the names of kMeta leaves (a deque: they never move)
   std::size_t dropped_ = 0;
   TorchSaveBuilder builder_;
   std::vector<StorageSource> storages_;
