@@ -127,6 +127,39 @@ pickle::ValuePtr KeyPaths::find(std::string_view fqn) const {
   return pickle::make_tuple(std::move(keys));
 }
 
+bool KeyPaths::keys(std::string_view fqn, std::vector<KeyView>& out) const {
+  out.clear();
+  const auto it = index_.find(fqn);
+  if (it == index_.end()) return false;
+  const Rec& r = it->second;
+  if (r.tree >= 0) {
+    const pickle::ValuePtr& value = trees_[static_cast<std::size_t>(r.tree)];
+    const auto* seq = value ? value->sequence() : nullptr;
+    if (!seq || seq->empty()) return false;
+    for (const pickle::ValuePtr& k : *seq) {
+      if (const std::string* s = k->str()) {
+        out.push_back({*s, false, 0});
+      } else if (auto i = k->int64()) {
+        out.push_back({{}, true, *i});
+      } else {
+        out.clear();
+        return false;
+      }
+    }
+    return true;
+  }
+  const std::string_view name = it->first;
+  std::size_t begin = 0;
+  for (std::size_t k = 0; k < r.keys; ++k) {
+    const std::size_t end = k + 1 < r.keys ? cuts_[r.cuts_at + k] : name.size();
+    KeyView v{name.substr(begin, end - begin), (r.ints & (1u << k)) != 0, 0};
+    if (v.is_int) std::from_chars(v.text.data(), v.text.data() + v.text.size(), v.index);  // written by std::to_string
+    out.push_back(v);
+    begin = end + 1;
+  }
+  return true;
+}
+
 std::vector<std::string_view> KeyPaths::fqns() const {
   std::vector<std::string_view> out;
   out.reserve(index_.size());

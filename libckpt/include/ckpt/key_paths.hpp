@@ -48,6 +48,18 @@ class KeyPaths {
   /// `fqn`'s path: a tuple of str and int nodes, made anew for a compact one (offset 0), or the
   /// value as it was set; nullptr when `fqn` has none.
   pickle::ValuePtr find(std::string_view fqn) const;
+  /// One key of a path, seen in place: a str's text, or an int's value (and, in a compact path,
+  /// its text).
+  struct KeyView {
+    std::string_view text;
+    bool is_int = false;
+    std::int64_t index = 0;
+  };
+  /// `fqn`'s path as views that stay valid as long as this object does (a compact path's keys are
+  /// cuts of the FQN kept here, a tree's are its own str and int nodes), without making a tuple:
+  /// false when `fqn` has none or its value is not a non-empty tuple or list of str and int keys
+  /// (find() gives the value itself).
+  bool keys(std::string_view fqn, std::vector<KeyView>& out) const;
   std::size_t size() const noexcept { return index_.size(); }
   bool empty() const noexcept { return index_.empty(); }
   /// Every FQN that has a path, sorted (views into this object).

@@ -28,13 +28,15 @@ namespace {
 using pickle::Value;
 using pickle::ValuePtr;
 
-// One key of a planner_data path: a str (a dict key) or an int (a list index).
+// One key of a planner_data path: a str (a dict key) or an int (a list index). Its text is a view
+// of the input's own: the checkpoint's key paths, an entry's name, or a meta.pt key the Merger
+// keeps (meta_names_).
 struct Key {
   bool is_int = false;
-  std::string text;
+  std::string_view text;
   std::int64_t index = 0;
-  bool operator==(const Key&) const = default;
-  std::string display() const { return is_int ? std::to_string(index) : text; }
+  bool operator==(const Key& o) const { return is_int == o.is_int && (is_int ? index == o.index : text == o.text); }
+  std::string display() const { return is_int ? std::to_string(index) : std::string(text); }
 };
 
 struct Leaf {
@@ -73,7 +75,7 @@ struct Node {
   }
 
  private:
-  static std::string hash_key(const Key& k) { return k.is_int ? "i" + std::to_string(k.index) : "s" + k.text; }
+  static std::string hash_key(const Key& k) { return k.is_int ? "i" + std::to_string(k.index) : "s" + std::string(k.text); }
   std::unordered_map<std::string, std::size_t> index_;
 };
 
@@ -134,22 +136,29 @@ class Merger {
     return filters_select(o_.filters, name);
   }
 
+  // `fqn`'s keys: its planner_data path (nested layout), else the FQN itself. `fqn` is an entry's
+  // own name: the keys may be views of it.
   std::vector<Key> path_of(const std::string& fqn) const {
-    if (o_.layout == MergeLayout::kNested) {
-      if (const ValuePtr keys = c_.planner_data.find(fqn)) {
-        const auto* seq = keys->sequence();
+    if (o_.layout == MergeLayout::kNested && c_.planner_data.contains(fqn)) {
+      std::vector<KeyPaths::KeyView> keys;
+      if (!c_.planner_data.keys(fqn, keys)) {
+        // Not a path of keys: what it is, and where.
+        const ValuePtr value = c_.planner_data.find(fqn);
+        const auto* seq = value->sequence();
         const std::string where = (c_.root / ".metadata").string();
         if (!seq || seq->empty()) {
-          throw Error(ErrorKind::kFormat, where, keys->offset, "planner_data of '" + fqn + "' is not a non-empty sequence of keys");
+          throw Error(ErrorKind::kFormat, where, value->offset, "planner_data of '" + fqn + "' is not a non-empty sequence of keys");
         }
-        std::vector<Key> path;
         for (const ValuePtr& k : *seq) {
-          if (const std::string* s = k->str()) path.push_back({false, *s, 0});
-          else if (auto i = k->int64()) path.push_back({true, {}, *i});
-          else throw Error(ErrorKind::kFormat, where, k->offset, "planner_data of '" + fqn + "' has a " + k->type_name() + " key");
+          if (!k->str() && !k->int64()) {
+            throw Error(ErrorKind::kFormat, where, k->offset, "planner_data of '" + fqn + "' has a " + k->type_name() + " key");
+          }
         }
-        return path;
       }
+      std::vector<Key> path;
+      path.reserve(keys.size());
+      for (const KeyPaths::KeyView& k : keys) path.push_back({k.is_int, k.text, k.index});
+      return path;
     }
     return {Key{false, fqn, 0}};
   }
@@ -193,7 +202,7 @@ class Merger {
     if (c_.format == Format::kTorchSave) {
       const bool keyed = std::all_of(leaves_.begin(), leaves_.end(), [&](const Leaf& l) { return c_.planner_data.contains(l.name); });
       if (!keyed) {
-        for (Leaf& l : leaves_) l.path = {Key{false, std::string(l.name), 0}};
+        for (Leaf& l : leaves_) l.path = {Key{false, l.name, 0}};
       }
     }
     // Lightning's meta.pt: its top-level keys, merged in after the DCP part.
@@ -205,15 +214,17 @@ class Merger {
         if (!items) throw Error(ErrorKind::kFormat, f.path.string(), meta.root->offset, "meta.pt holds a " + meta.root->type_name() + ", expected a dict");
         ValuePtr root = import_file(meta, f.path.string());
         for (const auto& [k, v] : *root->dict_items()) {
-          Key key = k->str() ? Key{false, *k->str(), 0} : k->int64() ? Key{true, {}, *k->int64()} : Key{false, pickle::repr(*k), 0};
           if (!k->str() && !k->int64()) {
             throw Error(ErrorKind::kFormat, f.path.string(), k->offset, "meta.pt has a " + k->type_name() + " key");
           }
-          if (!selected(key.display(), key)) {
+          // The key's text kept here: the leaf's name and its str key are views of it.
+          meta_names_.push_back(k->str() ? *k->str() : std::to_string(*k->int64()));
+          const Key key = k->str() ? Key{false, meta_names_.back(), 0} : Key{true, {}, *k->int64()};
+          if (!selected(meta_names_.back(), key)) {
+            meta_names_.pop_back();
             ++dropped_;
             continue;
           }
-          meta_names_.push_back(key.display());
           leaves_.push_back(Leaf{Leaf::kMeta, meta_names_.back(), {key}, nullptr, {}, v, nullptr});
         }
       }
@@ -255,7 +266,7 @@ class Merger {
   // written, in the order this walk gives them either way.
   ValuePtr to_value(const Node& n, std::unordered_map<const Value*, pickle::DictBatches>* streamed = nullptr) {
     constexpr std::size_t kBatch = 1000;  // pickle's batch, the most a DictBatches call may give
-    auto key = [](const Key& k) { return k.is_int ? pickle::make_int(k.index) : pickle::make_str(k.text); };
+    auto key = [](const Key& k) { return k.is_int ? pickle::make_int(k.index) : pickle::make_str(std::string(k.text)); };
     switch (n.kind) {
       case Node::kNone: return pickle::make_none();
       case Node::kDict: {

@@ -116,3 +116,35 @@ TEST_CASE("key paths: set_spelled keeps keys given as texts as set() keeps their
   CHECK(pk::repr(*by_text.find("odd")) == "('odd',)");
   CHECK(by_text.size() == 3);
 }
+
+TEST_CASE("key paths: keys() sees each path in place, as find() makes it, and refuses what is no path of keys") {
+  ckpt::KeyPaths kp;
+  kp.set("optimizer.param_groups.0.lr", path({s("optimizer"), s("param_groups"), pk::make_int(0), s("lr")}));  // compact
+  kp.set("a.b", path({s("a"), pk::make_int(7)}));  // kept as a tree: its keys do not spell the FQN
+  kp.set("l", pk::make_list({s("l"), pk::make_int(-2)}));  // a list: a tree too
+  kp.set("bad", path({s("bad"), pk::make_float(1.5)}));
+  kp.set("none", pk::make_none());
+  REQUIRE(kp.trees() == 4);
+  // What keys() gives, written as find()'s tuple would be.
+  auto seen = [&](std::string_view fqn) {
+    std::vector<ckpt::KeyPaths::KeyView> keys;
+    REQUIRE(kp.keys(fqn, keys));
+    std::string out = "(";
+    for (const auto& k : keys) out += (out.size() > 1 ? ", " : "") + (k.is_int ? std::to_string(k.index) : "'" + std::string(k.text) + "'");
+    return out + (keys.size() == 1 ? ",)" : ")");
+  };
+  CHECK(seen("optimizer.param_groups.0.lr") == pk::repr(*kp.find("optimizer.param_groups.0.lr")));
+  CHECK(seen("a.b") == pk::repr(*kp.find("a.b")));
+  CHECK(seen("l") == "('l', -2)");
+  // The views stay valid: the compact one's are cuts of the FQN kept inside.
+  std::vector<ckpt::KeyPaths::KeyView> keys;
+  REQUIRE(kp.keys("optimizer.param_groups.0.lr", keys));
+  kp.set("another.name", path({s("another"), s("name")}));
+  CHECK(keys[1].text == "param_groups");
+  CHECK(keys[2].is_int);
+  CHECK(keys[2].index == 0);
+  CHECK_FALSE(kp.keys("bad", keys));
+  CHECK(keys.empty());
+  CHECK_FALSE(kp.keys("none", keys));
+  CHECK_FALSE(kp.keys("missing", keys));
+}
