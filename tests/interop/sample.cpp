@@ -224,7 +224,7 @@ void write_sample_safetensors(ckpt::ByteSink& sink) {
     for (auto d : shape) n *= d;
     auto bytes = sample_bytes(idx++, n * ckpt::element_size(dt), dt == DType::kBool);
     tensors.push_back({{"name", name}, {"dtype", ckpt::info(dt).safetensors}, {"shape", shape}, {"seed", idx - 1}});
-    entries.push_back({std::move(name), dt, std::move(shape), ckpt::memory_source(std::move(bytes))});
+    entries.push_back({std::move(name), dt, ckpt::Dims(std::vector<std::int64_t>(shape.begin(), shape.end())), ckpt::memory_source(std::move(bytes))});
   };
   for (const auto& row : ckpt::all_dtypes()) {
     if (row.safetensors.empty() || row.dtype == DType::kComplex128) continue;

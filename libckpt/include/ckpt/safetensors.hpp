@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/dims.hpp"
 #include "ckpt/dtype.hpp"
 #include "ckpt/io.hpp"
 
@@ -52,7 +53,7 @@ bool looks_like_safetensors(const ByteSource& source);
 struct SafetensorsEntry {
   std::string name;
   DType dtype;
-  std::vector<std::uint64_t> shape;
+  Dims shape;  ///< 1-d and 2-d inline (NOTE [Compact chunks]): a merge plans one per tensor
   SourcePtr data;  ///< exactly numel × element size bytes, C order (unused by plan_safetensors)
   std::uint64_t nbytes() const noexcept;
 };

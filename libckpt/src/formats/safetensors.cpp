@@ -518,7 +518,7 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
 
 std::uint64_t SafetensorsEntry::nbytes() const noexcept {
   std::uint64_t numel = 1;
-  for (auto d : shape) numel *= d;
+  for (const std::int64_t d : shape) numel *= static_cast<std::uint64_t>(d);
   return numel * element_size(dtype);
 }
 

@@ -467,8 +467,7 @@ class Merger {
       entries.reserve(cuts[s + 1] - cuts[s]);
       for (std::size_t i = cuts[s]; i < cuts[s + 1]; ++i) {
         const Leaf& l = *named[i].second;
-        std::vector<std::uint64_t> shape(l.tensor->shape.begin(), l.tensor->shape.end());
-        entries.push_back({std::move(named[i].first), l.out, std::move(shape), nullptr});
+        entries.push_back({std::move(named[i].first), l.out, l.tensor->shape, nullptr});
       }
       Planned p{fname, plan_safetensors(std::move(entries), metadata, fname), {}};
       p.leaves.reserve(p.layout.order.size());
