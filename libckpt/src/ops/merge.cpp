@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -412,18 +413,18 @@ class Merger {
         if (l.path.size() > 1 && !l.path.front().is_int && l.path.front().text == "model") key = "model";
       }
     }
-    std::vector<std::pair<std::string, const Leaf*>> named;
+    // Each tensor as the plan takes it (its name in the output, dtype and shape), and its leaf.
+    std::vector<SafetensorsEntry> named;
+    std::vector<const Leaf*> named_leaves;
     named.reserve(leaves_.size());
+    named_leaves.reserve(leaves_.size());
     for (const Leaf& l : leaves_) {
-      if (!key) {
-        named.emplace_back(l.name, &l);
-        continue;
-      }
-      if (l.path.size() < 2 || l.path.front().is_int || l.path.front().text != *key) {
+      if (key && (l.path.size() < 2 || l.path.front().is_int || l.path.front().text != *key)) {
         ++dropped_;
         continue;
       }
-      named.emplace_back(path_text({l.path.begin() + 1, l.path.end()}), &l);
+      named.push_back({key ? path_text({l.path.begin() + 1, l.path.end()}) : std::string(l.name), l.out, l.tensor->shape, nullptr});
+      named_leaves.push_back(&l);
     }
     if (named.empty()) {
       throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt,
@@ -434,7 +435,7 @@ class Merger {
     std::vector<std::size_t> cuts{0};
     std::uint64_t in_shard = 0;
     for (std::size_t i = 0; i < named.size(); ++i) {
-      const std::uint64_t b = named[i].second->tensor->numel() * element_size(named[i].second->out);
+      const std::uint64_t b = named[i].nbytes();
       if (o_.max_shard_size && i > cuts.back() && in_shard + b > *o_.max_shard_size) {
         cuts.push_back(i);
         in_shard = 0;
@@ -461,24 +462,26 @@ class Merger {
         std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
         fname = nshards == 1 ? "model.safetensors" : buf;
       }
-      // The names move into the plan, which gives each entry's place in this shard back (a name
-      // given twice, by --key or a flattened path, is refused there).
+      // The entries move into the plan (all of them when there is one file), which gives each one's
+      // place in this shard back; a name given twice (by --key or a flattened path) is refused there.
       std::vector<SafetensorsEntry> entries;
-      entries.reserve(cuts[s + 1] - cuts[s]);
-      for (std::size_t i = cuts[s]; i < cuts[s + 1]; ++i) {
-        const Leaf& l = *named[i].second;
-        entries.push_back({std::move(named[i].first), l.out, l.tensor->shape, nullptr});
+      if (nshards == 1) {
+        entries = std::move(named);
+      } else {
+        entries.assign(std::make_move_iterator(named.begin() + static_cast<std::ptrdiff_t>(cuts[s])),
+                       std::make_move_iterator(named.begin() + static_cast<std::ptrdiff_t>(cuts[s + 1])));
       }
       Planned p{fname, plan_safetensors(std::move(entries), metadata, fname), {}};
       p.leaves.reserve(p.layout.order.size());
       for (std::size_t i = 0; i < p.layout.order.size(); ++i) {
-        p.leaves.push_back(named[cuts[s] + p.layout.order[i]].second);
+        p.leaves.push_back(named_leaves[cuts[s] + p.layout.order[i]]);
         report(result, *p.leaves.back(), fname, &p.layout.entries[i].name);
       }
       result.files.push_back({dir ? output_ / fname : output_, p.layout.size, p.leaves.size()});
       files.push_back(std::move(p));
     }
-    std::vector<std::pair<std::string, const Leaf*>>().swap(named);  // its names moved into the plans
+    std::vector<SafetensorsEntry>().swap(named);  // moved into the plans
+    std::vector<const Leaf*>().swap(named_leaves);
     std::string index;
     if (dir && files.size() > 1) {
       nlohmann::ordered_json j;
