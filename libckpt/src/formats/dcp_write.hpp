@@ -25,7 +25,7 @@ namespace ckpt::detail {
 
 struct DcpPlanChunk {
   int rank = 0;
-  std::vector<std::int64_t> offsets, sizes;
+  Dims offsets, sizes;  ///< 1-d and 2-d inline (NOTE [Compact chunks]): a reshard plans one per rank and tensor
   /// Adds the tasks that make the chunk's elements (C order, the tensor's dtype) at `base` in CRC
   /// group `group`, each task at most `max_task` bytes.
   std::function<void(std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task)> add_tasks;
@@ -35,7 +35,7 @@ struct DcpPlanTensor {
   std::string fqn;
   std::size_t position = 0;  ///< order in state_dict_metadata, among tensors and objects
   DType dtype = DType::kFloat32;
-  std::vector<std::int64_t> shape;
+  Dims shape;
   bool requires_grad = false;
   std::vector<DcpPlanChunk> chunks;  ///< in the order .metadata lists them
 };

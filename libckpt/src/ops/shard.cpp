@@ -59,7 +59,7 @@ struct Entry {
 
 // A box to write and the ranks that hold it before deduplication (all of them when `all`).
 struct Holding {
-  std::vector<std::int64_t> offsets, sizes;
+  Dims offsets, sizes;
   std::vector<int> holders;
   bool all = false;
 };
@@ -385,7 +385,7 @@ class Sharder {
     r.world_size = o_.world_size;
     r.dropped = dropped_;
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
+      Entry& e = entries_[i];  // its name moves into the plan: nothing after this asks for it
       if (!e.tensor) {
         plan_.objects.push_back({e.fqn, i, owner_[i][0], e.item});
         if (o_.report_entries) r.entries.push_back({e.fqn, "object", std::nullopt, {}, 0, {{owner_[i][0], {}, {}}}});
@@ -393,7 +393,7 @@ class Sharder {
       }
       const std::uint64_t nbytes = e.tensor->numel() * element_size(e.out);
       r.tensor_bytes += nbytes;
-      detail::DcpPlanTensor t{e.fqn, i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
+      detail::DcpPlanTensor t{std::move(e.fqn), i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
       for (std::size_t k : chunk_order(i)) {
         const Holding& h = held_[i][k];
         // The closure names its holding by index (16 bytes: no allocation of its own); the box is
@@ -410,7 +410,7 @@ class Sharder {
                             }});
       }
       if (o_.report_entries) {  // what the plan holds, as the result shows it
-        ShardedEntry out{e.fqn, "tensor", e.out, e.tensor->shape, nbytes, {}};
+        ShardedEntry out{t.fqn, "tensor", e.out, e.tensor->shape, nbytes, {}};
         for (const detail::DcpPlanChunk& c : t.chunks) out.chunks.push_back({c.rank, c.offsets, c.sizes});
         r.entries.push_back(std::move(out));
       }

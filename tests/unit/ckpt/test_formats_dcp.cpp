@@ -313,6 +313,10 @@ TEST_CASE("write_dcp refuses chunks that do not tile the tensor, and an existing
                          IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "holds 4 bytes, its box needs 8"));
   REQUIRE_THROWS_MATCHES(ckpt::write_dcp(dir.path(), {{"x", DType::kFloat32, {1}, {{2, {0}, {1}, four}}, false}}, {}, o), ckpt::Error,
                          IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "chunk rank 2 is not in [0, 2)"));
+  // One FQN twice, with other names between the two (the check sorts them).
+  const ckpt::DcpWriteTensor x{"x", DType::kFloat32, {1}, {{0, {0}, {1}, four}}, false};
+  REQUIRE_THROWS_MATCHES(ckpt::write_dcp(dir.path(), {x, {"y", DType::kFloat32, {1}, {{0, {0}, {1}, four}}, false}, x}, {}, o), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "FQN 'x' given twice"));
   write_sample(dir.path());
   REQUIRE_THROWS_MATCHES(write_sample(dir.path()), ckpt::Error, IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "holds a checkpoint already"));
 }
