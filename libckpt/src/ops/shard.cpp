@@ -60,7 +60,7 @@ struct Entry {
 // A box to write and the ranks that hold it before deduplication (all of them when `all`).
 struct Holding {
   Dims offsets, sizes;
-  std::vector<int> holders;
+  Dims holders;  ///< ranks, as Dims keeps them: nearly every box has one or two, kept inline
   bool all = false;
 };
 
@@ -303,7 +303,7 @@ class Sharder {
       const auto pieces = chunk_pieces(shape[0], world);
       for (std::size_t r = 0; r < pieces.size(); ++r) {
         out.push_back(box(pieces[r].first, pieces[r].second));
-        out.back().holders = {static_cast<int>(r)};
+        out.back().holders = {static_cast<std::int64_t>(r)};
       }
       return out;
     }
@@ -335,7 +335,7 @@ class Sharder {
       held_[i] = holdings(entries_[i]);
       for (std::size_t h = 0; h < held_[i].size(); ++h) {
         const Holding& x = held_[i][h];
-        order.push_back({x.all ? 0 : *std::min_element(x.holders.begin(), x.holders.end()), i, h});
+        order.push_back({x.all ? 0 : static_cast<int>(*std::min_element(x.holders.begin(), x.holders.end())), i, h});
       }
     }
     std::stable_sort(order.begin(), order.end(), [](const Item& a, const Item& b) { return a.first < b.first; });
@@ -350,8 +350,9 @@ class Sharder {
       if (h.all) {
         owner = by_load.begin()->second;
       } else {
-        owner = h.holders.front();
-        for (int r : h.holders) {
+        owner = static_cast<int>(h.holders[0]);
+        for (const std::int64_t holder : h.holders) {
+          const int r = static_cast<int>(holder);
           if (planned[static_cast<std::size_t>(r)] < planned[static_cast<std::size_t>(owner)] ||
               (planned[static_cast<std::size_t>(r)] == planned[static_cast<std::size_t>(owner)] && r < owner)) {
             owner = r;
