@@ -464,6 +464,7 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
     storages.push_back({"data/" + key, size, {}, key});
   };
   std::vector<std::byte> pkl = pickle_root(on_pid);
+  std::unordered_set<std::string>().swap(seen);  // a key per storage, needed no longer
   // torch 1.13 writes storages in sorted(key) order, strings compared ("10" before "2"); torch 2.x
   // with .format_version 1 in numeric key order.
   auto numeric = [](const std::string& k) {
@@ -480,6 +481,7 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
     });
   }
   std::vector<TorchSaveRecord> records;
+  records.reserve(storages.size() + 6);  // grown by doubling, it held up to twice its size at once
   auto literal = [&](std::string name, std::string_view text) {
     const auto b = std::as_bytes(std::span(text.data(), text.size()));
     records.push_back({std::move(name), b.size(), std::vector<std::byte>(b.begin(), b.end()), std::nullopt});
@@ -492,6 +494,7 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
     literal("byteorder", "little");
   }
   for (TorchSaveRecord& r : storages) records.push_back(std::move(r));
+  std::vector<TorchSaveRecord>().swap(storages);
   literal("version", "3\n");
   return records;
 }
