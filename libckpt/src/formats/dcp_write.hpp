@@ -74,7 +74,7 @@ struct DcpFilePlan {
 /// Where one item went (a storage_data entry).
 struct DcpItem {
   std::string fqn;
-  std::optional<std::vector<std::int64_t>> offsets;  ///< tensors only
+  std::optional<Dims> offsets;  ///< tensors only; 1-d and 2-d inline (a reshard makes one item per chunk)
   std::size_t chunk_index = 0;
   std::string file;
   std::uint64_t offset = 0, length = 0;

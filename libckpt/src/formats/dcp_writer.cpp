@@ -205,6 +205,14 @@ std::uint64_t item_bytes(const DcpPlan& plan, const DcpFilePlan::Ref& r, ItemArc
   return archives.of(t.dtype, t.chunks[r.chunk].sizes).size();
 }
 
+// Every file's items: what the item lists are reserved to (one per chunk: grown by doubling, a
+// reshard's list of 300,000 held up to twice that at once).
+std::size_t item_count(std::span<const DcpFilePlan> files) {
+  std::size_t n = 0;
+  for (const DcpFilePlan& f : files) n += f.items.size();
+  return n;
+}
+
 DcpItem item_of(const DcpPlan& plan, const DcpFilePlan::Ref& r, const std::string& file, std::uint64_t offset, std::uint64_t length) {
   if (!r.tensor) return {plan.objects[r.index].fqn, std::nullopt, 0, file, offset, length};
   const DcpPlanTensor& t = plan.tensors[r.index];
@@ -275,6 +283,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   std::vector<std::unique_ptr<PositionalSink>> sinks;
   std::vector<PositionalSink*> targets;
   std::vector<DcpItem> items;
+  items.reserve(item_count(files));
   struct Tail {
     std::size_t sink, tensor, chunk, first_group;
     std::uint64_t base;
@@ -442,6 +451,7 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
 std::vector<DcpItem> plan_dcp_items(const DcpPlan& plan, std::span<const DcpFilePlan> files) {
   ItemArchives archives(plan.layout);
   std::vector<DcpItem> items;
+  items.reserve(item_count(files));
   for (const DcpFilePlan& f : files) {
     std::uint64_t at = 0;
     for (const DcpFilePlan::Ref& r : f.items) {

@@ -461,7 +461,7 @@ class Sharder {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& it : items) {
       nlohmann::json x{{"fqn", it.fqn}, {"chunk", it.chunk_index}, {"file", it.file}, {"offset", it.offset}, {"length", it.length}};
-      x["offsets"] = it.offsets ? nlohmann::json(*it.offsets) : nlohmann::json(nullptr);
+      x["offsets"] = it.offsets ? nlohmann::json(it.offsets->vec()) : nlohmann::json(nullptr);
       a.push_back(std::move(x));
     }
     return a;
