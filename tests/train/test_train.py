@@ -463,6 +463,13 @@ def bad_data():
     assert "not a multiple of --n-head" in r.stderr, r.stderr
     r = train("--steps", "1", "--resume", os.path.join(work, "nowhere"), expect=1)
     assert "not a complete checkpoint" in r.stderr, r.stderr
+    # The CUDA-only settings: 16-mixed on the CPU is refused anywhere; --device cuda where this
+    # build's LibTorch or this machine has no GPU (with one, it trains).
+    r = train("--steps", "1", "--precision", "16-mixed", expect=1)
+    assert "precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA" in r.stderr, r.stderr
+    r = subprocess.run([a.train, "--steps", "1", "--device", "cuda", "-q"], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        assert r.returncode == 1 and ("this build's LibTorch has no CUDA" in r.stderr or "no GPU is visible" in r.stderr), r.stderr
     # A diverging run stops at the first non-finite loss and saves nothing from then on.
     d = os.path.join(work, "diverge")
     r = subprocess.run([a.train, "--n-embd", "32", "--data", a.text, "--steps", "10", "--lr", "1e30", "--grad-clip", "0",
