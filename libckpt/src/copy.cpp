@@ -80,11 +80,11 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, const TaskSource& next
 // group merged into it, so tasks finished in order cost one record per group.
 std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, const TaskSource& next, std::uint64_t total,
                                     std::size_t groups, const CopyOptions& options) {
-  struct Done {
-    std::size_t group;
+  struct Done {  // 24 bytes: one per CRC group, nearly, kept until the end
     std::uint64_t offset, length;
-    std::uint32_t crc;
+    std::uint32_t group, crc;
   };
+  if (groups > 0xffffffffu) internal_error("run_copy: more than 2^32 CRC groups");
   Progress& progress = options.progress ? *options.progress : no_progress();
   progress.start("copying", total);
 
@@ -147,7 +147,7 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, cons
         test_hooks::crash_point("task");
         t.fill = nullptr;  // release what the closure holds (sources, item parses)
         std::lock_guard lock(mutex);
-        record({t.group, t.offset, t.length, crc});
+        record({t.offset, t.length, static_cast<std::uint32_t>(t.group), crc});
         progress.advance(t.length);
       }
     } catch (...) {
@@ -161,14 +161,11 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, cons
   // Combine each group's pieces in offset order; they must tile the group without gaps.
   std::sort(done.begin(), done.end(), [](const Done& a, const Done& b) { return a.group != b.group ? a.group < b.group : a.offset < b.offset; });
   std::vector<std::uint32_t> crcs(groups, 0);
-  std::vector<std::uint64_t> end(groups, 0);
-  std::vector<bool> started(groups, false);
-  for (const Done& d : done) {
-    const std::size_t g = d.group;
-    if (started[g] && d.offset != end[g]) internal_error("run_copy: the tasks of a CRC group leave a gap or overlap");
-    crcs[g] = started[g] ? detail::crc32_combine(crcs[g], d.crc, d.length) : d.crc;
-    started[g] = true;
-    end[g] = d.offset + d.length;
+  for (std::size_t i = 0; i < done.size(); ++i) {
+    const Done& d = done[i];
+    const bool continues = i > 0 && done[i - 1].group == d.group;
+    if (continues && d.offset != done[i - 1].offset + done[i - 1].length) internal_error("run_copy: the tasks of a CRC group leave a gap or overlap");
+    crcs[d.group] = continues ? detail::crc32_combine(crcs[d.group], d.crc, d.length) : d.crc;
   }
   return crcs;
 }

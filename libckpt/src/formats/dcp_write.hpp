@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/copy.hpp"
@@ -60,10 +61,10 @@ struct DcpPlan {
 
 /// One data file and the items it holds, in write order (bytes items first, as DCP writes them).
 struct DcpFilePlan {
-  struct Ref {
+  struct Ref {  // 12 bytes: a reshard plans one per chunk
     bool tensor = false;
-    std::size_t index = 0;  ///< into DcpPlan::tensors or ::objects
-    std::size_t chunk = 0;  ///< tensors: into DcpPlanTensor::chunks
+    std::uint32_t index = 0;  ///< into DcpPlan::tensors or ::objects
+    std::uint32_t chunk = 0;  ///< tensors: into DcpPlanTensor::chunks
   };
   int rank = 0;
   std::string name;  ///< "__{rank}_{n}.distcp"
@@ -71,12 +72,14 @@ struct DcpFilePlan {
   std::uint64_t size = 0;  ///< before compression
 };
 
-/// Where one item went (a storage_data entry).
+/// Where one item went (a storage_data entry). Its FQN, offsets and file name are views of the
+/// plan's (a reshard makes one item per chunk: 300,000 copies of names held 30 MB), or of what
+/// the caller keeps for items it read elsewhere; they must outlive the item.
 struct DcpItem {
-  std::string fqn;
-  std::optional<Dims> offsets;  ///< tensors only; 1-d and 2-d inline (a reshard makes one item per chunk)
+  std::string_view fqn;
+  const Dims* offsets = nullptr;  ///< tensors only; nullptr for a bytes item
   std::size_t chunk_index = 0;
-  std::string file;
+  std::string_view file;
   std::uint64_t offset = 0, length = 0;
 };
 

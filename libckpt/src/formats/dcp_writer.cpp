@@ -126,13 +126,13 @@ class MetadataBuilder {
   ValuePtr index(const DcpItem& it) {
     std::vector<std::pair<std::string, ValuePtr>> f;
     f.reserve(3);  // (grown from one, GCC 12 -O3 warns falsely: -Warray-bounds)
-    f.emplace_back("fqn", pk::make_str(it.fqn));
+    f.emplace_back("fqn", pk::make_str(std::string(it.fqn)));
     f.emplace_back("index", it.offsets ? pk::make_int(static_cast<std::int64_t>(it.chunk_index)) : pk::make_none());
     if (it.offsets) f.emplace_back("offset", size(*it.offsets));
     return dataclass(index_, std::move(f));
   }
   ValuePtr info(const DcpItem& it, bool zstd) {
-    std::vector<std::pair<std::string, ValuePtr>> f{{"relative_path", pk::make_str(it.file)},
+    std::vector<std::pair<std::string, ValuePtr>> f{{"relative_path", pk::make_str(std::string(it.file))},
                                                     {"offset", pk::make_int(static_cast<std::int64_t>(it.offset))},
                                                     {"length", pk::make_int(static_cast<std::int64_t>(it.length))}};
     if (zstd) f.emplace_back("transform_descriptors", pk::make_list({pk::make_str("stream.zstd/1")}));
@@ -214,9 +214,9 @@ std::size_t item_count(std::span<const DcpFilePlan> files) {
 }
 
 DcpItem item_of(const DcpPlan& plan, const DcpFilePlan::Ref& r, const std::string& file, std::uint64_t offset, std::uint64_t length) {
-  if (!r.tensor) return {plan.objects[r.index].fqn, std::nullopt, 0, file, offset, length};
+  if (!r.tensor) return {plan.objects[r.index].fqn, nullptr, 0, file, offset, length};
   const DcpPlanTensor& t = plan.tensors[r.index];
-  return {t.fqn, t.chunks[r.chunk].offsets, r.chunk, file, offset, length};
+  return {t.fqn, &t.chunks[r.chunk].offsets, r.chunk, file, offset, length};
 }
 
 // The chunk's tasks, made at offset 0 and sorted, written in order to `write` (the zstd path).
@@ -284,11 +284,6 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   std::vector<PositionalSink*> targets;
   std::vector<DcpItem> items;
   items.reserve(item_count(files));
-  struct Tail {
-    std::size_t sink, tensor, chunk, first_group;
-    std::uint64_t base;
-  };
-  std::vector<Tail> tails;
   // Walks every item of every file in order, with where it goes and its first CRC group: once
   // to lay the files out, again (one item a call) to make its tasks when the engine needs them.
   struct Cursor {
@@ -331,7 +326,6 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
       a.place_heads(*sinks[lay.file], lay.at);
       for (const TorchSaveRecord& rec : a.records()) total += rec.storage_key ? rec.size : 0;
-      tails.push_back({lay.file, r.index, r.chunk, lay.group, lay.at});
     }
     const std::uint64_t length = extent_of(r).first;
     if (!r.tensor) total += length;
@@ -360,10 +354,14 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
     return true;
   };
   const std::vector<std::uint32_t> crcs = run_copy(targets, next, total, groups, copy);
-  for (const Tail& t : tails) {
-    const DcpPlanTensor& tensor = plan.tensors[t.tensor];
-    const ArchivePlan& a = archives.of(tensor.dtype, tensor.chunks[t.chunk].sizes);
-    a.place_tail(*sinks[t.sink], t.base, std::span(crcs).subspan(t.first_group, a.records().size()));
+  // The archives' tails, now that their CRCs are known: a third walk (a list of where each tensor
+  // item was held 10 MB at 200,000 items).
+  for (Cursor tail; skip_empty(tail), tail.file < files.size(); advance(tail)) {
+    const DcpFilePlan::Ref& r = files[tail.file].items[tail.item];
+    if (!r.tensor) continue;
+    const DcpPlanTensor& t = plan.tensors[r.index];
+    const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+    a.place_tail(*sinks[tail.file], tail.at, std::span(crcs).subspan(tail.group, a.records().size()));
   }
   for (auto& s : sinks) s->commit();
   return items;
@@ -411,6 +409,11 @@ void validate_dcp_plan(const DcpPlan& plan) {
   }
 }
 
+std::uint32_t narrow_ref(std::size_t i) {
+  if (i > 0xffffffffu) internal_error("plan_dcp_files: more than 2^32 entries or chunks");
+  return static_cast<std::uint32_t>(i);
+}
+
 std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
   ItemArchives archives(plan.layout);
   const auto k = static_cast<std::size_t>(plan.files_per_rank);
@@ -420,20 +423,25 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
     for (std::size_t n = 0; n < k; ++n) files.push_back({rank, "__" + std::to_string(rank) + "_" + std::to_string(n) + ".distcp", {}, 0});
     std::vector<DcpFilePlan::Ref> objects, tensors;
     for (std::size_t i = 0; i < plan.objects.size(); ++i) {
-      if (plan.objects[i].rank == rank) objects.push_back({false, i, 0});
+      if (plan.objects[i].rank == rank) objects.push_back({false, narrow_ref(i), 0});
     }
     for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
       for (std::size_t c = 0; c < plan.tensors[i].chunks.size(); ++c) {
-        if (plan.tensors[i].chunks[c].rank == rank) tensors.push_back({true, i, c});
+        if (plan.tensors[i].chunks[c].rank == rank) tensors.push_back({true, narrow_ref(i), narrow_ref(c)});
       }
     }
     auto chunk_bytes = [&](const DcpFilePlan::Ref& r) {
       const DcpPlanTensor& t = plan.tensors[r.index];
       return box_volume(t.chunks[r.chunk].sizes) * element_size(t.dtype);
     };
-    if (k > 1) {
-      std::stable_sort(tensors.begin(), tensors.end(), [&](const auto& a, const auto& b) { return chunk_bytes(a) > chunk_bytes(b); });
+    if (k == 1) {  // the list as it is, made once (grown by doubling, a reshard's held up to twice its size)
+      DcpFilePlan& f = files[first];
+      f.items.reserve(objects.size() + tensors.size());
+      f.items.insert(f.items.end(), objects.begin(), objects.end());
+      f.items.insert(f.items.end(), tensors.begin(), tensors.end());
+      continue;
     }
+    std::stable_sort(tensors.begin(), tensors.end(), [&](const auto& a, const auto& b) { return chunk_bytes(a) > chunk_bytes(b); });
     for (std::size_t i = 0; i < objects.size(); ++i) files[first + i % k].items.push_back(objects[i]);
     std::vector<std::uint64_t> load(k, 0);
     for (const auto& r : tensors) {

@@ -385,6 +385,9 @@ class Sharder {
     ShardResult r;
     r.world_size = o_.world_size;
     r.dropped = dropped_;
+    const auto ntensors = static_cast<std::size_t>(std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.tensor; }));
+    plan_.tensors.reserve(ntensors);
+    sources_.reserve(ntensors);
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       Entry& e = entries_[i];  // its name moves into the plan: nothing after this asks for it
       if (!e.tensor) {
@@ -394,20 +397,23 @@ class Sharder {
       }
       const std::uint64_t nbytes = e.tensor->numel() * element_size(e.out);
       r.tensor_bytes += nbytes;
+      const std::size_t p = plan_.tensors.size();
       detail::DcpPlanTensor t{std::move(e.fqn), i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
+      t.chunks.reserve(held_[i].size());
+      sources_.push_back(e.tensor);
       for (std::size_t k : chunk_order(i)) {
         const Holding& h = held_[i][k];
-        // The closure names its holding by index (16 bytes: no allocation of its own); the box is
-        // made when the tasks are.
-        if (i > 0xffffffffu || k > 0xffffffffu) internal_error("shard: more than 2^32 entries or chunks");
-        const std::uint64_t at = (std::uint64_t{static_cast<std::uint32_t>(i)} << 32) | static_cast<std::uint32_t>(k);
+        // The closure names its chunk of the plan by index (16 bytes: no allocation of its own):
+        // the plan's box and dtype, and the source tensor, are what its tasks are made from.
+        if (p > 0xffffffffu || t.chunks.size() > 0xffffffffu) internal_error("shard: more than 2^32 entries or chunks");
+        const std::uint64_t at = (std::uint64_t{static_cast<std::uint32_t>(p)} << 32) | static_cast<std::uint32_t>(t.chunks.size());
         t.chunks.push_back({owner_[i][k], h.offsets, h.sizes,
                             [this, at](std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task) {
-                              const std::size_t ei = at >> 32, hi = at & 0xffffffffu;
-                              const Entry& entry = entries_[ei];
-                              const Holding& hold = held_[ei][hi];
-                              detail::add_box_tasks(tasks, reader_, *entry.tensor, Box{hold.offsets, hold.sizes}, entry.out, base, group,
-                                                    max_task, o_.max_memory);
+                              const std::size_t ti = at >> 32, ci = at & 0xffffffffu;
+                              const detail::DcpPlanTensor& planned = plan_.tensors[ti];
+                              const detail::DcpPlanChunk& chunk = planned.chunks[ci];
+                              detail::add_box_tasks(tasks, reader_, *sources_[ti], Box{chunk.offsets, chunk.sizes}, planned.dtype, base,
+                                                    group, max_task, o_.max_memory);
                             }});
       }
       if (o_.report_entries) {  // what the plan holds, as the result shows it
@@ -420,6 +426,10 @@ class Sharder {
     if (o_.report_entries) {
       for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
     }
+    // What placing needed is not needed again: the plan has it all.
+    std::vector<Entry>().swap(entries_);
+    std::vector<std::vector<Holding>>().swap(held_);
+    std::vector<std::vector<int>>().swap(owner_);
     detail::validate_dcp_plan(plan_);
     files_ = detail::plan_dcp_files(plan_);
     for (const detail::DcpFilePlan& f : files_) {
@@ -479,7 +489,7 @@ class Sharder {
 
   // Process 0: every other process's items, once each has finished; throws when one failed or
   // did not finish in time.
-  std::vector<detail::DcpItem> wait_for_others(const std::filesystem::path& dir, const std::string& fp) const {
+  std::vector<detail::DcpItem> wait_for_others(const std::filesystem::path& dir, const std::string& fp) {
     std::vector<detail::DcpItem> items;
     const auto deadline = std::chrono::steady_clock::now() + o_.timeout;
     for (int p = 1; p < o_.process_count; ++p) {
@@ -491,9 +501,17 @@ class Sharder {
         }
         if (auto d = read_marker(dir / done_marker(p)); d && d->value("plan", "") == fp) {
           for (const auto& x : (*d)["items"]) {
-            detail::DcpItem it{x["fqn"], std::nullopt, x["chunk"], x["file"], x["offset"], x["length"]};
-            if (!x["offsets"].is_null()) it.offsets = x["offsets"].get<std::vector<std::int64_t>>();
-            items.push_back(std::move(it));
+            // The item's names and offsets are kept here: the item views them.
+            others_.names.push_back(x["fqn"].get<std::string>());
+            others_.names.push_back(x["file"].get<std::string>());
+            const std::string& file = others_.names.back();
+            const std::string& fqn = others_.names[others_.names.size() - 2];
+            detail::DcpItem it{fqn, nullptr, x["chunk"], file, x["offset"], x["length"]};
+            if (!x["offsets"].is_null()) {
+              others_.offsets.emplace_back(x["offsets"].get<std::vector<std::int64_t>>());
+              it.offsets = &others_.offsets.back();
+            }
+            items.push_back(it);
           }
           break;
         }
@@ -524,10 +542,12 @@ class Sharder {
       dir = detail::fresh_dir(output_, ".partial");
     }
     const std::string fp = distributed ? fingerprint() : std::string();  // the plan's, which the processes compare
-    std::vector<detail::DcpFilePlan> mine_files;
+    // This process's files: all of them (no copy) unless processes share the work.
+    std::vector<detail::DcpFilePlan> some_files;
     for (const auto& f : files_) {
-      if (mine(f.rank)) mine_files.push_back(f);
+      if (distributed && mine(f.rank)) some_files.push_back(f);
     }
+    const std::span<const detail::DcpFilePlan> mine_files = distributed ? std::span<const detail::DcpFilePlan>(some_files) : files_;
     std::vector<detail::DcpItem> items;
     try {
       items = detail::write_dcp_files(dir, plan_, mine_files, {o_.threads, o_.progress, o_.task_delay_ms});
@@ -588,7 +608,8 @@ class Sharder {
   std::unique_ptr<TorchSaveFile> file_;                // torch.save input
   std::map<const Value*, const TorchTensor*> tensor_of_;
   std::deque<TensorEntry> owned_;                      // torch.save input's entries (stable addresses)
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_;                         // until the plan is made: then the plan holds it all
+  std::vector<const TensorEntry*> sources_;            // each planned tensor's source
   std::vector<std::vector<Holding>> held_;
   std::vector<std::vector<int>> owner_;
   std::vector<std::pair<std::string, SourcePtr>> carried_;  // meta.pt, common.pt, metadata.json
@@ -596,6 +617,10 @@ class Sharder {
   std::size_t dropped_ = 0;
   detail::DcpPlan plan_;
   std::vector<detail::DcpFilePlan> files_;
+  struct {
+    std::deque<std::string> names;  // FQNs and file names of the other processes' items (a deque: they never move)
+    std::deque<Dims> offsets;
+  } others_;
 };
 
 }  // namespace
