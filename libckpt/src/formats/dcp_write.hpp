@@ -27,9 +27,6 @@ namespace ckpt::detail {
 struct DcpPlanChunk {
   int rank = 0;
   Dims offsets, sizes;  ///< 1-d and 2-d inline (NOTE [Compact chunks]): a reshard plans one per rank and tensor
-  /// Adds the tasks that make the chunk's elements (C order, the tensor's dtype) at `base` in CRC
-  /// group `group`, each task at most `max_task` bytes.
-  std::function<void(std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task)> add_tasks;
 };
 
 struct DcpPlanTensor {
@@ -56,7 +53,17 @@ struct DcpPlan {
   int zstd_level = 3;
   std::vector<DcpPlanTensor> tensors;
   std::vector<DcpPlanObject> objects;
+  /// Adds the tasks that make the elements of chunk `chunk` of tensor `tensor` (C order, the
+  /// tensor's dtype) at `base` in CRC group `group`, each task at most `max_task` bytes. One for
+  /// the plan, not one per chunk: a reshard plans 300,000 chunks.
+  std::function<void(std::vector<CopyTask>& tasks, std::size_t tensor, std::size_t chunk, std::uint64_t base, std::size_t group,
+                     std::uint64_t max_task)>
+      add_tasks;
   KeyPaths planner_data;  ///< FQN -> path (a tuple); others get (fqn,)
+  /// When set, the paths used instead of planner_data, kept by the caller (a reshard's input's or
+  /// a save's options: 100,000 paths are 8 MB, not copied).
+  const KeyPaths* shared_paths = nullptr;
+  const KeyPaths& paths() const noexcept { return shared_paths ? *shared_paths : planner_data; }
 };
 
 /// One data file and the items it holds, in write order (bytes items first, as DCP writes them).

@@ -220,10 +220,10 @@ DcpItem item_of(const DcpPlan& plan, const DcpFilePlan::Ref& r, const std::strin
 }
 
 // The chunk's tasks, made at offset 0 and sorted, written in order to `write` (the zstd path).
-void stream_chunk(const DcpPlanChunk& c, std::uint64_t max_task, const CopyOptions& copy, Progress& progress, std::mutex& progress_mutex,
-                  const std::function<void(std::span<const std::byte>)>& write) {
+void stream_chunk(const DcpPlan& plan, const DcpFilePlan::Ref& r, std::uint64_t max_task, const CopyOptions& copy, Progress& progress,
+                  std::mutex& progress_mutex, const std::function<void(std::span<const std::byte>)>& write) {
   std::vector<CopyTask> tasks;
-  c.add_tasks(tasks, 0, 0, max_task);
+  plan.add_tasks(tasks, r.index, r.chunk, 0, 0, max_task);
   std::sort(tasks.begin(), tasks.end(), [](const CopyTask& a, const CopyTask& b) { return a.offset < b.offset; });
   std::vector<std::byte> buffer, scratch;
   for (CopyTask& t : tasks) {
@@ -261,7 +261,7 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
       } else {
         const DcpPlanTensor& t = plan.tensors[r.index];
         archives->of(t.dtype, t.chunks[r.chunk].sizes).stream(z, [&](std::size_t, const auto& write) {
-          stream_chunk(t.chunks[r.chunk], max_task, copy, progress, progress_mutex, write);
+          stream_chunk(plan, r, max_task, copy, progress, progress_mutex, write);
         });
       }
       z.commit();
@@ -346,7 +346,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       const DcpPlanTensor& t = plan.tensors[r.index];
       const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
       for (std::size_t i = 0; i < a.records().size(); ++i) {
-        if (a.records()[i].storage_key) t.chunks[r.chunk].add_tasks(out, make.at + a.data_offset(i), make.group + i, max_task);
+        if (a.records()[i].storage_key) plan.add_tasks(out, r.index, r.chunk, make.at + a.data_offset(i), make.group + i, max_task);
       }
     }
     for (std::size_t k = first; k < out.size(); ++k) out[k].sink = make.file;
@@ -510,7 +510,7 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
   if (plan.layout == DcpLayout::kCurrent) {
     streamed[planner.get()] = batches(order.size(), [&](std::size_t i) {
       ValuePtr k = pk::make_str(fqn_of(i));
-      ValuePtr path = plan.planner_data.find(fqn_of(i));
+      ValuePtr path = plan.paths().find(fqn_of(i));
       return std::make_pair(k, path ? path : pk::make_tuple({k}));
     });
   }
@@ -541,7 +541,14 @@ detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::v
   plan.world_size = options.world_size;
   plan.layout = options.layout;
   plan.compression = options.compression;
-  plan.planner_data = options.planner_data;
+  plan.shared_paths = &options.planner_data;  // the options outlive the plan
+  // Plan tensors and chunks are the given ones, in order; those outlive the plan too.
+  plan.add_tasks = [&tensors](std::vector<CopyTask>& tasks, std::size_t tensor, std::size_t chunk, std::uint64_t base, std::size_t group,
+                              std::uint64_t max_task) {
+    const SourcePtr& data = tensors[tensor].chunks[chunk].data;
+    if (!data) internal_error("write_dcp: a chunk of another rank was to be written");
+    add_range_tasks(tasks, data, 0, data->size(), base, group, max_task);
+  };
   std::size_t position = 0;
   for (const DcpWriteTensor& t : tensors) {
     detail::DcpPlanTensor p{t.fqn, position++, t.dtype, t.shape, t.requires_grad, {}};
@@ -553,11 +560,7 @@ detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::v
                                                      (c.data ? std::to_string(c.data->size()) : std::string("no")) +
                                                      " bytes, its box needs " + std::to_string(need));
       }
-      p.chunks.push_back({c.rank, c.offsets, c.sizes, [data = c.data](std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group,
-                                                                        std::uint64_t max_task) {
-                            if (!data) internal_error("write_dcp: a chunk of another rank was to be written");
-                            add_range_tasks(tasks, data, 0, data->size(), base, group, max_task);
-                          }});
+      p.chunks.push_back({c.rank, c.offsets, c.sizes});
     }
     plan.tensors.push_back(std::move(p));
   }

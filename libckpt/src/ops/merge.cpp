@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <unordered_map>
 
 #include "ckpt/cast.hpp"
@@ -57,28 +59,71 @@ struct StorageSource {
   SourcePtr raw;                         // or copied as it is (tensors inside objects)
 };
 
-// The nested output, built with torch's _traverse.set_element rules.
+// The nested output, built with torch's _traverse.set_element rules. A node is 24 bytes and holds
+// its children, when it has any, out of line: a state dict of 100,000 tensors is 100,000 leaves
+// (as nodes that each held an empty dict, list and hash map, and a hash key string, they cost
+// 300 bytes apiece).
 struct Node {
-  enum Kind { kNone, kDict, kList, kLeaf } kind = kNone;
-  std::vector<std::pair<Key, std::unique_ptr<Node>>> dict;  ///< in insertion order, as a Python dict
-  std::vector<std::unique_ptr<Node>> list;
+  enum Kind : std::uint8_t { kNone, kDict, kList, kLeaf } kind = kNone;
   const Leaf* leaf = nullptr;
+  struct Children;
+  std::unique_ptr<Children> c;  ///< a dict's or a list's, made when the first is added
 
-  /// The slot of `k` in `dict`, or nullptr. Hashed: a flat state dict has a key per tensor.
-  std::unique_ptr<Node>* find(const Key& k) {
-    auto it = index_.find(hash_key(k));
-    return it == index_.end() ? nullptr : &dict[it->second].second;
+  /// The child under `k` of a dict, or nullptr.
+  Node* find(const Key& k);
+  /// Appends a child under `k` to a dict (not there yet) and returns it.
+  Node& add(const Key& k);
+  /// A list's child `i`, the list grown with None nodes to hold it.
+  Node& at(std::size_t i);
+  std::span<std::pair<Key, Node>> dict() const;
+  std::span<Node> list() const;
+};
+
+struct Node::Children {
+  std::vector<std::pair<Key, Node>> dict;  ///< in insertion order, as a Python dict
+  std::vector<Node> list;
+  std::vector<std::uint32_t> slots;        ///< the dict's keys hashed, open addressing: index + 1, 0 empty
+
+  static std::size_t hash(const Key& k) {
+    return k.is_int ? std::hash<std::int64_t>{}(k.index) * 0x9e3779b97f4a7c15ull : std::hash<std::string_view>{}(k.text);
   }
-  std::unique_ptr<Node>& add(const Key& k, std::unique_ptr<Node> n) {
-    index_.emplace(hash_key(k), dict.size());
-    dict.emplace_back(k, std::move(n));
+  std::size_t home(const Key& k) const { return hash(k) & (slots.size() - 1); }
+  Node* find(const Key& k) {
+    if (slots.empty()) return nullptr;
+    for (std::size_t i = home(k);; i = (i + 1) & (slots.size() - 1)) {
+      if (slots[i] == 0) return nullptr;
+      if (dict[slots[i] - 1].first == k) return &dict[slots[i] - 1].second;
+    }
+  }
+  Node& add(const Key& k) {
+    if (dict.size() >= 0xfffffffeu) internal_error("merge: a dict of more than 2^32 keys");
+    if (2 * (dict.size() + 1) > slots.size()) {  // at most half full
+      slots.assign(std::max<std::size_t>(16, 2 * slots.size()), 0);
+      for (std::size_t j = 0; j < dict.size(); ++j) place(dict[j].first, j);
+    }
+    dict.emplace_back(k, Node{});
+    place(k, dict.size() - 1);
     return dict.back().second;
   }
-
- private:
-  static std::string hash_key(const Key& k) { return k.is_int ? "i" + std::to_string(k.index) : "s" + std::string(k.text); }
-  std::unordered_map<std::string, std::size_t> index_;
+  void place(const Key& k, std::size_t j) {
+    std::size_t i = home(k);
+    while (slots[i] != 0) i = (i + 1) & (slots.size() - 1);
+    slots[i] = static_cast<std::uint32_t>(j + 1);
+  }
 };
+
+Node* Node::find(const Key& k) { return c ? c->find(k) : nullptr; }
+Node& Node::add(const Key& k) {
+  if (!c) c = std::make_unique<Children>();
+  return c->add(k);
+}
+Node& Node::at(std::size_t i) {
+  if (!c) c = std::make_unique<Children>();
+  if (c->list.size() <= i) c->list.resize(i + 1);
+  return c->list[i];
+}
+std::span<std::pair<Key, Node>> Node::dict() const { return c ? std::span(c->dict) : std::span<std::pair<Key, Node>>(); }
+std::span<Node> Node::list() const { return c ? std::span(c->list) : std::span<Node>(); }
 
 std::string path_text(const std::vector<Key>& path) {
   std::string s;
@@ -91,26 +136,24 @@ void set_element(Node& root, const Leaf& leaf, const std::string& where) {
   auto fail = [&](const std::string& what) {
     throw Error(ErrorKind::kFormat, where, std::nullopt, "planner_data path " + path_text(path) + " of '" + std::string(leaf.name) + "' " + what);
   };
-  auto slot = [&](Node& container, const Key& k) -> std::unique_ptr<Node>& {
+  // A child's node stays where it is while the walk goes below it (only its own children grow).
+  auto slot = [&](Node& container, const Key& k) -> Node& {
     if (container.kind == Node::kDict) {
-      if (std::unique_ptr<Node>* n = container.find(k)) return *n;
-      return container.add(k, std::make_unique<Node>());
+      if (Node* n = container.find(k)) return *n;
+      return container.add(k);
     }
     if (container.kind != Node::kList) fail("goes through a value that is not a dict or list");
     if (!k.is_int || k.index < 0) fail("indexes a list with '" + k.display() + "'");
-    while (container.list.size() <= static_cast<std::size_t>(k.index)) container.list.push_back(std::make_unique<Node>());
-    return container.list[static_cast<std::size_t>(k.index)];
+    return container.at(static_cast<std::size_t>(k.index));
   };
   Node* cur = &root;
   for (std::size_t i = 1; i < path.size(); ++i) {
-    std::unique_ptr<Node>& next = slot(*cur, path[i - 1]);
-    if (next->kind == Node::kNone) next->kind = path[i].is_int ? Node::kList : Node::kDict;  // setdefault / None filled
-    cur = next.get();
+    Node& next = slot(*cur, path[i - 1]);
+    if (next.kind == Node::kNone) next.kind = path[i].is_int ? Node::kList : Node::kDict;  // setdefault / None filled
+    cur = &next;
   }
-  std::unique_ptr<Node>& last = slot(*cur, path.back());
-  last = std::make_unique<Node>();
-  last->kind = Node::kLeaf;
-  last->leaf = &leaf;
+  Node& last = slot(*cur, path.back());
+  last = Node{Node::kLeaf, &leaf, nullptr};
 }
 
 class Merger {
@@ -271,22 +314,23 @@ class Merger {
     switch (n.kind) {
       case Node::kNone: return pickle::make_none();
       case Node::kDict: {
-        if (streamed && n.dict.size() > kBatch) {
+        const std::span<std::pair<Key, Node>> dict = n.dict();
+        if (streamed && dict.size() > kBatch) {
           ValuePtr placeholder = pickle::make_dict({});
-          streamed->emplace(placeholder.get(), [this, &n, key](std::size_t done) {
+          streamed->emplace(placeholder.get(), [this, dict, key](std::size_t done) {
             std::vector<std::pair<ValuePtr, ValuePtr>> items;
-            for (std::size_t i = done; i < n.dict.size() && i < done + kBatch; ++i) items.emplace_back(key(n.dict[i].first), to_value(*n.dict[i].second));
+            for (std::size_t i = done; i < dict.size() && i < done + kBatch; ++i) items.emplace_back(key(dict[i].first), to_value(dict[i].second));
             return items;
           });
           return placeholder;
         }
         std::vector<std::pair<ValuePtr, ValuePtr>> items;
-        for (const auto& [k, c] : n.dict) items.emplace_back(key(k), to_value(*c, streamed));
+        for (const auto& [k, c] : dict) items.emplace_back(key(k), to_value(c, streamed));
         return pickle::make_dict(std::move(items));
       }
       case Node::kList: {
         std::vector<ValuePtr> items;
-        for (const auto& c : n.list) items.push_back(to_value(*c, streamed));
+        for (const Node& c : n.list()) items.push_back(to_value(c, streamed));
         return pickle::make_list(std::move(items));
       }
       case Node::kLeaf: {
@@ -344,14 +388,8 @@ class Merger {
     for (const Leaf& l : leaves_) {
       if (l.kind == Leaf::kMeta) {
         // dict.update: replaces a key in place, appends a new one.
-        std::unique_ptr<Node> n = std::make_unique<Node>();
-        n->kind = Node::kLeaf;
-        n->leaf = &l;
-        if (std::unique_ptr<Node>* existing = root.find(l.path.front())) {
-          *existing = std::move(n);
-        } else {
-          root.add(l.path.front(), std::move(n));
-        }
+        Node* existing = root.find(l.path.front());
+        *(existing ? existing : &root.add(l.path.front())) = Node{Node::kLeaf, &l, nullptr};
         continue;
       }
       set_element(root, l, where);

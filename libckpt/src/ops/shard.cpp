@@ -111,7 +111,7 @@ class Sharder {
 
   void add_tensor(std::string fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
     if (!selected(fqn)) return;
-    plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
+    if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
     Entry e{std::move(fqn), t, nullptr, t->dtype};
     if (o_.dtype && is_castable_float(t->dtype)) e.out = *o_.dtype;
     entries_.push_back(std::move(e));
@@ -119,7 +119,7 @@ class Sharder {
 
   void add_object(std::string fqn, std::vector<ValuePtr> path, SourcePtr item) {
     if (!selected(fqn)) return;
-    plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
+    if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
     entries_.push_back({std::move(fqn), nullptr, std::move(item), {}});
   }
 
@@ -142,15 +142,19 @@ class Sharder {
   }
 
   void collect_dcp() {
+    // The input's paths serve as the plan's when each is a tuple of keys (all but a tree kept as
+    // read), since an FQN without one gets (fqn,) in both; otherwise each is made again.
+    if (c_.planner_data.trees() == 0) plan_.shared_paths = &c_.planner_data;
+    auto path_of = [&](const std::string& fqn) { return plan_.shared_paths ? std::vector<ValuePtr>{} : planner_path(fqn); };
     std::vector<std::pair<std::size_t, std::function<void()>>> in_order;
     for (const TensorEntry& t : c_.tensors) {
-      in_order.emplace_back(t.position, [this, &t] { add_tensor(t.name, planner_path(t.name), &t); });
+      in_order.emplace_back(t.position, [this, &t, path_of] { add_tensor(t.name, path_of(t.name), &t); });
     }
     for (const ObjectEntry& e : c_.objects) {
-      in_order.emplace_back(e.position, [this, &e] {
+      in_order.emplace_back(e.position, [this, &e, path_of] {
         if (!e.item) throw Error(ErrorKind::kFormat, c_.root.string(), std::nullopt, "entry '" + e.name + "' has no storage_data item");
         // The item as it is (a torch.save archive), transforms undone.
-        add_object(e.name, planner_path(e.name), reader_.item(*e.item));
+        add_object(e.name, path_of(e.name), reader_.item(*e.item));
       });
     }
     std::stable_sort(in_order.begin(), in_order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -385,6 +389,13 @@ class Sharder {
     ShardResult r;
     r.world_size = o_.world_size;
     r.dropped = dropped_;
+    // A chunk's elements are made from the plan's box and dtype and the planned tensor's source.
+    plan_.add_tasks = [this](std::vector<CopyTask>& tasks, std::size_t tensor, std::size_t chunk, std::uint64_t base, std::size_t group,
+                             std::uint64_t max_task) {
+      const detail::DcpPlanTensor& planned = plan_.tensors[tensor];
+      const detail::DcpPlanChunk& c = planned.chunks[chunk];
+      detail::add_box_tasks(tasks, reader_, *sources_[tensor], Box{c.offsets, c.sizes}, planned.dtype, base, group, max_task, o_.max_memory);
+    };
     const auto ntensors = static_cast<std::size_t>(std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.tensor; }));
     plan_.tensors.reserve(ntensors);
     sources_.reserve(ntensors);
@@ -397,24 +408,12 @@ class Sharder {
       }
       const std::uint64_t nbytes = e.tensor->numel() * element_size(e.out);
       r.tensor_bytes += nbytes;
-      const std::size_t p = plan_.tensors.size();
       detail::DcpPlanTensor t{std::move(e.fqn), i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
       t.chunks.reserve(held_[i].size());
       sources_.push_back(e.tensor);
       for (std::size_t k : chunk_order(i)) {
         const Holding& h = held_[i][k];
-        // The closure names its chunk of the plan by index (16 bytes: no allocation of its own):
-        // the plan's box and dtype, and the source tensor, are what its tasks are made from.
-        if (p > 0xffffffffu || t.chunks.size() > 0xffffffffu) internal_error("shard: more than 2^32 entries or chunks");
-        const std::uint64_t at = (std::uint64_t{static_cast<std::uint32_t>(p)} << 32) | static_cast<std::uint32_t>(t.chunks.size());
-        t.chunks.push_back({owner_[i][k], h.offsets, h.sizes,
-                            [this, at](std::vector<CopyTask>& tasks, std::uint64_t base, std::size_t group, std::uint64_t max_task) {
-                              const std::size_t ti = at >> 32, ci = at & 0xffffffffu;
-                              const detail::DcpPlanTensor& planned = plan_.tensors[ti];
-                              const detail::DcpPlanChunk& chunk = planned.chunks[ci];
-                              detail::add_box_tasks(tasks, reader_, *sources_[ti], Box{chunk.offsets, chunk.sizes}, planned.dtype, base,
-                                                    group, max_task, o_.max_memory);
-                            }});
+        t.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
       }
       if (o_.report_entries) {  // what the plan holds, as the result shows it
         ShardedEntry out{t.fqn, "tensor", e.out, e.tensor->shape, nbytes, {}};
@@ -422,6 +421,8 @@ class Sharder {
         r.entries.push_back(std::move(out));
       }
       plan_.tensors.push_back(std::move(t));
+      std::vector<Holding>().swap(held_[i]);  // in the plan now: freed as the plan grows
+      std::vector<int>().swap(owner_[i]);
     }
     if (o_.report_entries) {
       for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});

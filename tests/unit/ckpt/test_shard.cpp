@@ -39,7 +39,7 @@ TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[
   plan.world_size = 2;
   plan.files_per_rank = 2;
   auto chunk = [](int rank, std::int64_t at, std::int64_t n) {
-    return ckpt::detail::DcpPlanChunk{rank, {at}, {n}, nullptr};
+    return ckpt::detail::DcpPlanChunk{rank, {at}, {n}};
   };
   plan.tensors.push_back({"a", 0, ckpt::DType::kFloat32, {10}, false, {chunk(0, 0, 2), chunk(1, 2, 8)}});
   plan.tensors.push_back({"b", 1, ckpt::DType::kFloat32, {6}, false, {chunk(0, 0, 6)}});
