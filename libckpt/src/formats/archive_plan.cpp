@@ -11,16 +11,17 @@ ArchivePlan::ArchivePlan(std::string archive_name, std::vector<TorchSaveRecord> 
     : archive_(std::move(archive_name)), records_(std::move(records)) {
   // The layout is cheap to rebuild, so only the offsets are kept (a DCP directory may hold
   // hundreds of thousands of items).
-  ZipLayout layout(archive_);
+  ZipLayout layout(archive_, 64, 0, ZipLayout::Members::kLast);
+  data_offsets_.reserve(records_.size());
   for (const TorchSaveRecord& r : records_) {
     layout.add(r.name, r.size);
     data_offsets_.push_back(layout.members().back().data_offset);
   }
-  size_ = layout.end() + layout.trailer(std::vector<std::uint32_t>(records_.size(), 0)).size();
+  size_ = layout.end() + layout.trailer_size();
 }
 
 void ArchivePlan::place_heads(PositionalSink& sink, std::uint64_t base) const {
-  ZipLayout layout(archive_);
+  ZipLayout layout(archive_, 64, 0, ZipLayout::Members::kLast);
   for (const TorchSaveRecord& r : records_) {
     const std::vector<std::byte> header = layout.add(r.name, r.size);
     const ZipLayout::Member& m = layout.members().back();
@@ -38,7 +39,11 @@ void ArchivePlan::place_tail(PositionalSink& sink, std::uint64_t base, std::span
     const ZipLayout::Member& m = layout.members().back();
     sink.write_at(base + m.data_offset + m.size, layout.descriptor(i, crcs[i]));
   }
-  sink.write_at(base + layout.end(), layout.trailer(crcs));
+  std::uint64_t at = base + layout.end();
+  layout.trailer(crcs, [&](std::span<const std::byte> b) {
+    sink.write_at(at, b);
+    at += b.size();
+  });
 }
 
 void ArchivePlan::stream(ByteSink& sink, const StorageWriter& storage) const {
@@ -65,7 +70,7 @@ void ArchivePlan::stream(ByteSink& sink, const StorageWriter& storage) const {
     crcs[i] = crc;
     sink.write(layout.descriptor(i, crc));
   }
-  sink.write(layout.trailer(crcs));
+  layout.trailer(crcs, [&](std::span<const std::byte> b) { sink.write(b); });
   if (sink.offset() - base != size_) internal_error("ArchivePlan::stream: the archive's size differs from its plan");
 }
 

@@ -29,8 +29,8 @@ class Bytes {
 
 }  // namespace
 
-ZipLayout::ZipLayout(std::string archive_name, std::uint64_t alignment, std::uint64_t start)
-    : prefix_(std::move(archive_name) + "/"), alignment_(alignment), end_(start) {
+ZipLayout::ZipLayout(std::string archive_name, std::uint64_t alignment, std::uint64_t start, Members keep)
+    : prefix_(std::move(archive_name) + "/"), alignment_(alignment), end_(start), keep_(keep) {
   if (alignment_ == 0 || alignment_ > 0x10000) internal_error("zip alignment out of range");
 }
 
@@ -75,6 +75,8 @@ std::vector<std::byte> ZipLayout::add(std::string_view record, std::uint64_t siz
   h.fill(static_cast<std::size_t>(pad), 'Z');
   const std::uint64_t data_offset = cursor + h.size();
   const std::uint64_t descriptor_size = size == 0 ? 0 : (size >= kMax32 || cursor >= kMax32) ? 24 : 16;
+  directory_size_ += 46 + name.size() + ((big_size || big_offset) ? 4u + (big_size ? 16u : 0u) + (big_offset ? 8u : 0u) : 0u);
+  if (keep_ == Members::kLast) members_.clear();
   members_.push_back({std::move(name), cursor, data_offset, size});
   end_ = data_offset + size + descriptor_size;
   return h.take();
@@ -96,11 +98,28 @@ std::vector<std::byte> ZipLayout::descriptor(std::size_t i, std::uint32_t crc) c
   return d.take();
 }
 
+std::uint64_t ZipLayout::trailer_size() const noexcept { return directory_size_ + 56 + 20 + 22; }
+
 std::vector<std::byte> ZipLayout::trailer(std::span<const std::uint32_t> crcs) const {
+  std::vector<std::byte> out;
+  out.reserve(trailer_size());
+  trailer(crcs, [&](std::span<const std::byte> b) { out.insert(out.end(), b.begin(), b.end()); });
+  return out;
+}
+
+void ZipLayout::trailer(std::span<const std::uint32_t> crcs, const std::function<void(std::span<const std::byte>)>& write) const {
+  if (keep_ != Members::kAll) internal_error("ZipLayout::trailer: the layout kept only its last member");
   if (crcs.size() != members_.size()) internal_error("ZipLayout::trailer: one CRC per member expected");
+  constexpr std::size_t kPiece = std::size_t{64} << 10;
   const std::uint64_t cd_offset = end_;
+  std::uint64_t cd_size = 0;
   Bytes cd;
   for (std::size_t i = 0; i < members_.size(); ++i) {
+    if (cd.size() >= kPiece) {
+      cd_size += cd.size();
+      write(cd.span());
+      cd = Bytes();
+    }
     const Member& m = members_[i];
     const bool big_size = m.size >= kMax32, big_offset = m.header_offset >= kMax32;
     cd.u32(0x02014b50);
@@ -132,7 +151,8 @@ std::vector<std::byte> ZipLayout::trailer(std::span<const std::uint32_t> crcs) c
       if (big_offset) cd.u64(m.header_offset);
     }
   }
-  const std::uint64_t cd_size = cd.size();
+  cd_size += cd.size();
+  if (cd_size != directory_size_) internal_error("ZipLayout::trailer: the central directory's size differs from its count");
   const std::uint64_t n = members_.size();
   const std::uint64_t z64_at = cd_offset + cd_size;
   cd.u32(0x06064b50);
@@ -157,7 +177,7 @@ std::vector<std::byte> ZipLayout::trailer(std::span<const std::uint32_t> crcs) c
   cd.u32(std::min<std::uint64_t>(cd_size, kMax32));
   cd.u32(std::min<std::uint64_t>(cd_offset, kMax32));
   cd.u16(0);
-  return cd.take();
+  write(cd.span());
 }
 
 ZipWriter::ZipWriter(ByteSink& sink, std::string archive_name, std::uint64_t alignment)
@@ -194,7 +214,7 @@ void ZipWriter::end_record() {
 
 void ZipWriter::finish() {
   if (open_) internal_error("ZipWriter::finish while a record is open");
-  sink_.write(layout_.trailer(crcs_));
+  layout_.trailer(crcs_, [&](std::span<const std::byte> b) { sink_.write(b); });
 }
 
 }  // namespace ckpt::detail

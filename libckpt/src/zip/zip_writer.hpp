@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,8 +30,11 @@ class ZipLayout {
     std::uint64_t size;
   };
 
+  /// kLast: members() holds only the last member added, for a caller that needs the offsets and
+  /// sizes but not the central directory (a torch output of 100,000 storages: 9 MB of members).
+  enum class Members { kAll, kLast };
   /// Members are named `<archive_name>/<record>`; the archive starts at offset `start`.
-  explicit ZipLayout(std::string archive_name, std::uint64_t alignment = 64, std::uint64_t start = 0);
+  explicit ZipLayout(std::string archive_name, std::uint64_t alignment = 64, std::uint64_t start = 0, Members keep = Members::kAll);
 
   /// Appends a member of `size` bytes and returns its local header, which goes at the member's
   /// header_offset; its data follows at data_offset. Throws kInvalidArgument for a name longer
@@ -41,6 +45,10 @@ class ZipLayout {
   std::vector<std::byte> descriptor(std::size_t i, std::uint32_t crc) const;
   /// The central directory and end records, which go at end(); `crcs[i]` is member i's CRC-32.
   std::vector<std::byte> trailer(std::span<const std::uint32_t> crcs) const;
+  /// The same bytes passed to `write` in order, a piece of at most about 64 KiB a call.
+  void trailer(std::span<const std::uint32_t> crcs, const std::function<void(std::span<const std::byte>)>& write) const;
+  /// The trailer's size, known from the members' names and offsets (with Members::kLast too).
+  std::uint64_t trailer_size() const noexcept;
   /// The offset after the last member's data descriptor.
   std::uint64_t end() const noexcept { return end_; }
   const std::vector<Member>& members() const noexcept { return members_; }
@@ -49,7 +57,9 @@ class ZipLayout {
   std::string prefix_;
   std::uint64_t alignment_;
   std::uint64_t end_;
+  Members keep_;
   std::vector<Member> members_;
+  std::uint64_t directory_size_ = 0;  ///< the central directory's entries so far
 };
 
 /// ZipLayout written in order through a ByteSink, CRC-32 computed while the bytes pass.
