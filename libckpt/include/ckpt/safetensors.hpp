@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,13 +60,18 @@ struct SafetensorsEntry {
   std::uint64_t nbytes() const noexcept;
 };
 
-/// Where everything of a safetensors file goes, as the reference writer lays it out.
+/// Where everything of a safetensors file goes, as the reference writer lays it out. The head is
+/// not kept but made again when it is written (at 100,000 tensors it is 9 MB).
 struct SafetensorsLayout {
-  std::vector<std::byte> head;            ///< the 8-byte length and the padded JSON header
   std::vector<SafetensorsEntry> entries;  ///< in the order their bytes follow the header
   std::vector<std::size_t> order;         ///< each of `entries`' index in the entries planned
   std::vector<std::uint64_t> begins;      ///< absolute offset of each entry's first byte
+  std::vector<std::pair<std::string, std::string>> metadata;  ///< `__metadata__`
+  std::uint64_t head_size = 0;            ///< the 8-byte length and the padded JSON header
   std::uint64_t size = 0;                 ///< of the whole file
+  /// Passes the head (the 8-byte length and the padded JSON header, head_size bytes) to `write`,
+  /// in order, a piece of a few KiB at most a call.
+  void write_head(const std::function<void(std::span<const std::byte>)>& write) const;
 };
 
 /// Lays out a safetensors file of `entries` (their data is not looked at). `target` names the

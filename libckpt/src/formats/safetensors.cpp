@@ -406,6 +406,47 @@ SafetensorsFile read_safetensors(SourcePtr source) {
   return file;
 }
 
+namespace {
+// The JSON header of `l` (its entries in file order) without padding, a piece per entry to `put`;
+// `placed(begin, end)` gets each entry's data offsets, counted from the buffer's start.
+void header_json(const SafetensorsLayout& l, const std::function<void(std::string_view)>& put,
+                 const std::function<void(std::uint64_t, std::uint64_t)>& placed) {
+  std::string piece = "{";
+  if (!l.metadata.empty()) {
+    piece += "\"__metadata__\":{";
+    for (std::size_t i = 0; i < l.metadata.size(); ++i) {
+      if (i) piece += ',';
+      json_string(l.metadata[i].first, piece);
+      piece += ':';
+      json_string(l.metadata[i].second, piece);
+    }
+    piece += "}";
+  }
+  bool first = l.metadata.empty();
+  std::uint64_t at = 0;
+  for (const auto& e : l.entries) {
+    if (!first) piece += ',';
+    first = false;
+    json_string(e.name, piece);
+    piece += ":{\"dtype\":\"";
+    piece += info(e.dtype).safetensors;
+    piece += "\",\"shape\":[";
+    for (std::size_t i = 0; i < e.shape.size(); ++i) {
+      if (i) piece += ',';
+      piece += std::to_string(e.shape[i]);
+    }
+    const std::uint64_t end = at + e.nbytes();
+    piece += "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
+    placed(at, end);
+    at = end;
+    put(piece);
+    piece.clear();
+  }
+  piece += "}";
+  put(piece);
+}
+}  // namespace
+
 SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
                                    const std::vector<std::pair<std::string, std::string>>& metadata, const std::string& target) {
   for (const auto& e : entries) {
@@ -453,67 +494,43 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
       throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "tensor name '" + std::string(*twice) + "' given twice");
     }
   }
-  // The header is made twice over: once to measure it, once into its exact room, a piece at a
-  // time through one scratch string (at 100,000 tensors it is about 9 MB: a string grown by
-  // doubling, then copied, held three times that at once).
-  std::string piece;
-  std::vector<std::uint64_t> begins;
-  begins.reserve(entries.size());
-  std::uint64_t at = 0;
-  auto header = [&](auto&& put) {
-    at = 0;
-    begins.clear();
-    piece = "{";
-    if (!metadata.empty()) {
-      piece += "\"__metadata__\":{";
-      for (std::size_t i = 0; i < metadata.size(); ++i) {
-        if (i) piece += ',';
-        json_string(metadata[i].first, piece);
-        piece += ':';
-        json_string(metadata[i].second, piece);
-      }
-      piece += "}";
-    }
-    bool first = metadata.empty();
-    for (const auto& e : entries) {
-      if (!first) piece += ',';
-      first = false;
-      json_string(e.name, piece);
-      piece += ":{\"dtype\":\"";
-      piece += info(e.dtype).safetensors;
-      piece += "\",\"shape\":[";
-      for (std::size_t i = 0; i < e.shape.size(); ++i) {
-        if (i) piece += ',';
-        piece += std::to_string(e.shape[i]);
-      }
-      const std::uint64_t end = at + e.nbytes();
-      piece += "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
-      begins.push_back(at);
-      at = end;
-      put(piece);
-      piece.clear();
-    }
-    piece += "}";
-    put(piece);
-    piece.clear();
-  };
-  std::uint64_t json = 0;
-  header([&](const std::string& p) { json += p.size(); });
-  const std::uint64_t n = json + (8 - json % 8) % 8;  // padded with spaces to a multiple of 8
   SafetensorsLayout out;
-  out.head.resize(8 + n, static_cast<std::byte>(' '));
-  for (int i = 0; i < 8; ++i) out.head[static_cast<std::size_t>(i)] = static_cast<std::byte>(n >> (8 * i));
-  std::size_t w = 8;
-  header([&](const std::string& p) {
-    std::memcpy(out.head.data() + w, p.data(), p.size());
-    w += p.size();
-  });
-  for (auto& b : begins) b += out.head.size();
-  out.begins = std::move(begins);
   out.entries = std::move(entries);
   out.order = std::move(order);
-  out.size = out.head.size() + at;
+  out.metadata = metadata;
+  out.begins.reserve(out.entries.size());
+  // The header is measured here and made again, a piece at a time, when it is written
+  // (write_head): at 100,000 tensors it is about 9 MB.
+  std::uint64_t json = 0;
+  std::uint64_t data = 0;
+  header_json(out, [&](std::string_view p) { json += p.size(); }, [&](std::uint64_t begin, std::uint64_t end) {
+    out.begins.push_back(begin);
+    data = end;
+  });
+  const std::uint64_t n = json + (8 - json % 8) % 8;  // padded with spaces to a multiple of 8
+  out.head_size = 8 + n;
+  for (auto& b : out.begins) b += out.head_size;
+  out.size = out.head_size + data;
   return out;
+}
+
+void SafetensorsLayout::write_head(const std::function<void(std::span<const std::byte>)>& write) const {
+  // Entries' pieces gathered into writes of about 64 KiB.
+  std::string buffer;
+  auto flush = [&] {
+    write(std::as_bytes(std::span(buffer.data(), buffer.size())));
+    buffer.clear();
+  };
+  const std::uint64_t n = head_size - 8;
+  for (int i = 0; i < 8; ++i) buffer += static_cast<char>(n >> (8 * i));
+  std::uint64_t json = 0;
+  header_json(*this, [&](std::string_view p) {
+    json += p.size();
+    buffer += p;
+    if (buffer.size() >= (std::size_t{64} << 10)) flush();
+  }, [](std::uint64_t, std::uint64_t) {});
+  buffer.append(static_cast<std::size_t>(n - json), ' ');
+  flush();
 }
 
 std::uint64_t SafetensorsEntry::nbytes() const noexcept {
@@ -532,7 +549,7 @@ void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
     }
   }
   const SafetensorsLayout layout = plan_safetensors(std::move(entries), metadata, sink.name());
-  sink.write(layout.head);
+  layout.write_head([&](std::span<const std::byte> b) { sink.write(b); });
   for (const auto& e : layout.entries) {
     stream_range(*e.data, 0, e.data->size(), [&](std::span<const std::byte> piece) { sink.write(piece); });
   }
