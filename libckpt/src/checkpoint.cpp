@@ -73,8 +73,11 @@ TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t
   loc.file = static_cast<std::uint32_t>(file);
   loc.offset = resolve_window(*st.data).offset;
   loc.length = st.data->size();
-  loc.storage_offset = t.storage_offset;
-  if (t.stride != contiguous_strides(t.shape)) loc.layout = std::make_shared<const ChunkLocation::Layout>(ChunkLocation::Layout{{}, t.stride});
+  const bool strided = t.stride != contiguous_strides(t.shape);
+  if (strided || t.storage_offset != 0) {
+    loc.layout = std::make_shared<const ChunkLocation::Layout>(
+        ChunkLocation::Layout{{}, strided ? t.stride : std::vector<std::int64_t>{}, t.storage_offset});
+  }
   e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
   return e;
 }
@@ -306,7 +309,7 @@ ChunkData ChunkReader::read(const TensorEntry& tensor, const Chunk& chunk) const
   if (loc.encoding == ChunkEncoding::kRaw) {
     d.storage = sub_source(file(loc.file), loc.offset, loc.length, tensor.name);
     d.strides = loc.strides().empty() ? contiguous_strides(chunk.sizes) : loc.strides();
-    d.storage_offset = loc.storage_offset;
+    d.storage_offset = loc.storage_offset();
     return d;
   }
   std::uint64_t bytes = element_size(tensor.dtype);

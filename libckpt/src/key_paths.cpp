@@ -5,12 +5,32 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <string>
+
+#include "ckpt/error.hpp"
 
 namespace ckpt {
 
 KeyPaths::KeyPaths(const KeyPaths& other) {
-  for (const auto& [name, rec] : other.index_) set(name, other.find(name));
+  for (const Entry& e : other.entries_) set(e.fqn, other.find(e.fqn));
+}
+
+const KeyPaths::Entry* KeyPaths::at(std::string_view fqn) const {
+  if (slots_.empty()) return nullptr;
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = std::hash<std::string_view>{}(fqn) & mask;; i = (i + 1) & mask) {
+    if (slots_[i] == 0) return nullptr;
+    const Entry& e = entries_[slots_[i] - 1];
+    if (e.fqn == fqn) return &e;
+  }
+}
+
+void KeyPaths::place(std::size_t entry) {
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = std::hash<std::string_view>{}(entries_[entry].fqn) & mask;
+  while (slots_[i] != 0) i = (i + 1) & mask;
+  slots_[i] = static_cast<std::uint32_t>(entry + 1);
 }
 
 KeyPaths& KeyPaths::operator=(const KeyPaths& other) {
@@ -92,10 +112,17 @@ bool KeyPaths::set_spelled(std::string_view fqn, std::span<const Key> keys) {
 void KeyPaths::set(std::string_view fqn, const pickle::ValuePtr& value) { put(fqn, compact(fqn, value)); }
 
 void KeyPaths::put(std::string_view fqn, const Rec& r) {
-  if (auto it = index_.find(fqn); it != index_.end()) {
-    it->second = r;  // the old cuts or tree stay behind: rare (a repeated key)
+  if (const Entry* e = at(fqn)) {
+    entries_[static_cast<std::size_t>(e - entries_.data())].rec = r;  // the old cuts or tree stay behind: rare (a repeated key)
+    return;
+  }
+  if (entries_.size() >= 0xfffffffeu) internal_error("KeyPaths: more than 2^32 paths");
+  entries_.push_back({keep(fqn), r});  // cuts are positions: the same in the kept copy
+  if (2 * entries_.size() > slots_.size()) {
+    slots_.assign(std::max<std::size_t>(64, 2 * slots_.size()), 0);
+    for (std::size_t i = 0; i < entries_.size(); ++i) place(i);
   } else {
-    index_.emplace(keep(fqn), r);  // cuts are positions: the same in the kept copy
+    place(entries_.size() - 1);
   }
 }
 
@@ -104,11 +131,11 @@ void KeyPaths::add(std::string_view fqn, const pickle::ValuePtr& value) {
 }
 
 pickle::ValuePtr KeyPaths::find(std::string_view fqn) const {
-  const auto it = index_.find(fqn);
-  if (it == index_.end()) return nullptr;
-  const Rec& r = it->second;
+  const Entry* e = at(fqn);
+  if (!e) return nullptr;
+  const Rec& r = e->rec;
   if (r.tree >= 0) return trees_[static_cast<std::size_t>(r.tree)];
-  const std::string_view name = it->first;
+  const std::string_view name = e->fqn;
   std::vector<pickle::ValuePtr> keys;
   keys.reserve(r.keys);
   std::size_t begin = 0;
@@ -129,9 +156,9 @@ pickle::ValuePtr KeyPaths::find(std::string_view fqn) const {
 
 bool KeyPaths::keys(std::string_view fqn, std::vector<KeyView>& out) const {
   out.clear();
-  const auto it = index_.find(fqn);
-  if (it == index_.end()) return false;
-  const Rec& r = it->second;
+  const Entry* e = at(fqn);
+  if (!e) return false;
+  const Rec& r = e->rec;
   if (r.tree >= 0) {
     const pickle::ValuePtr& value = trees_[static_cast<std::size_t>(r.tree)];
     const auto* seq = value ? value->sequence() : nullptr;
@@ -148,7 +175,7 @@ bool KeyPaths::keys(std::string_view fqn, std::vector<KeyView>& out) const {
     }
     return true;
   }
-  const std::string_view name = it->first;
+  const std::string_view name = e->fqn;
   std::size_t begin = 0;
   for (std::size_t k = 0; k < r.keys; ++k) {
     const std::size_t end = k + 1 < r.keys ? cuts_[r.cuts_at + k] : name.size();
@@ -162,8 +189,8 @@ bool KeyPaths::keys(std::string_view fqn, std::vector<KeyView>& out) const {
 
 std::vector<std::string_view> KeyPaths::fqns() const {
   std::vector<std::string_view> out;
-  out.reserve(index_.size());
-  for (const auto& [name, rec] : index_) out.push_back(name);
+  out.reserve(entries_.size());
+  for (const Entry& e : entries_) out.push_back(e.fqn);
   std::sort(out.begin(), out.end());
   return out;
 }

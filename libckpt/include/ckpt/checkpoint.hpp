@@ -42,33 +42,73 @@ enum class ChunkEncoding : std::uint8_t {
 };
 
 /// Where a chunk's bytes are. NOTE [Compact chunks] (dims.hpp): there is one per chunk, so what
-/// few chunks have (transforms, a view's strides) is kept out of line in one shared, immutable
-/// block; a DCP reader gives every chunk with the same transforms the same block.
+/// few chunks have (transforms, a view's strides and storage offset) is kept out of line in one
+/// shared, immutable block; a DCP reader gives every chunk with the same transforms the same block.
 struct ChunkLocation {
   std::uint64_t offset = 0;             ///< absolute offset in the file
   std::uint64_t length = 0;             ///< bytes at offset (after transforms, for DCP)
-  std::int64_t storage_offset = 0;      ///< kRaw: first element, in elements from `offset`
   std::uint32_t file = 0;               ///< index into Checkpoint::files
   ChunkEncoding encoding = ChunkEncoding::kRaw;
 
   struct Layout {
     std::vector<std::string> transforms;  ///< DCP transform descriptors, innermost first ("stream.zstd/1")
     std::vector<std::int64_t> strides;    ///< kRaw: element strides; empty means C-contiguous
+    std::int64_t storage_offset;          ///< kRaw: first element, in elements from `offset` (0 when not given)
   };
-  std::shared_ptr<const Layout> layout;  ///< null: no transforms, C-contiguous
+  std::shared_ptr<const Layout> layout;  ///< null: no transforms, C-contiguous, from `offset`
 
   const std::vector<std::string>& transforms() const noexcept { return layout ? layout->transforms : kNone.transforms; }
   const std::vector<std::int64_t>& strides() const noexcept { return layout ? layout->strides : kNone.strides; }
+  std::int64_t storage_offset() const noexcept { return layout ? layout->storage_offset : 0; }
 
  private:
   static inline const Layout kNone{};
+};
+
+/// A ChunkLocation or none: std::optional's interface in ChunkLocation's own 40 bytes, "none"
+/// being an encoding no location has (NOTE [Compact chunks]: std::optional added 8 to each chunk).
+class OptionalLocation {
+ public:
+  OptionalLocation() noexcept { reset(); }
+  OptionalLocation(std::nullopt_t) noexcept { reset(); }  // NOLINT(google-explicit-constructor)
+  OptionalLocation(ChunkLocation l) : l_(std::move(l)) {}  // NOLINT(google-explicit-constructor)
+  OptionalLocation& operator=(std::nullopt_t) noexcept {
+    reset();
+    return *this;
+  }
+  OptionalLocation& operator=(ChunkLocation l) {
+    l_ = std::move(l);
+    return *this;
+  }
+  bool has_value() const noexcept { return l_.encoding != kNoLocation; }
+  explicit operator bool() const noexcept { return has_value(); }
+  const ChunkLocation& operator*() const noexcept { return l_; }
+  ChunkLocation& operator*() noexcept { return l_; }
+  const ChunkLocation* operator->() const noexcept { return &l_; }
+  ChunkLocation* operator->() noexcept { return &l_; }
+  const ChunkLocation& value() const {
+    if (!has_value()) throw std::bad_optional_access();
+    return l_;
+  }
+  ChunkLocation& emplace() {
+    l_ = ChunkLocation{};
+    return l_;
+  }
+  void reset() noexcept {
+    l_ = ChunkLocation{};
+    l_.encoding = kNoLocation;
+  }
+
+ private:
+  static constexpr auto kNoLocation = static_cast<ChunkEncoding>(0xff);
+  ChunkLocation l_;
 };
 
 /// One box of a tensor: [offsets, offsets + sizes) in every dimension.
 struct Chunk {
   Dims offsets;  ///< NOTE [Compact chunks] (dims.hpp)
   Dims sizes;
-  std::optional<ChunkLocation> location;  ///< std::nullopt: the metadata gives no storage for it
+  OptionalLocation location;  ///< none: the metadata gives no storage for it
 };
 
 struct TensorEntry {
@@ -88,7 +128,7 @@ struct ObjectEntry {
   std::string name;
   std::size_t position = 0;  ///< as TensorEntry::position
   pickle::ValuePtr value;
-  std::optional<ChunkLocation> item;
+  OptionalLocation item;
 };
 
 struct Checkpoint {

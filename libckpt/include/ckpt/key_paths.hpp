@@ -15,7 +15,6 @@
 #include <memory>
 #include <span>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "ckpt/pickle.hpp"
@@ -44,7 +43,7 @@ class KeyPaths {
   /// path); otherwise sets nothing and returns false. A reader's way to keep a path without
   /// making its tree first.
   bool set_spelled(std::string_view fqn, std::span<const Key> keys);
-  bool contains(std::string_view fqn) const { return index_.count(fqn) > 0; }
+  bool contains(std::string_view fqn) const { return at(fqn) != nullptr; }
   /// `fqn`'s path: a tuple of str and int nodes, made anew for a compact one (offset 0), or the
   /// value as it was set; nullptr when `fqn` has none.
   pickle::ValuePtr find(std::string_view fqn) const;
@@ -60,8 +59,8 @@ class KeyPaths {
   /// false when `fqn` has none or its value is not a non-empty tuple or list of str and int keys
   /// (find() gives the value itself).
   bool keys(std::string_view fqn, std::vector<KeyView>& out) const;
-  std::size_t size() const noexcept { return index_.size(); }
-  bool empty() const noexcept { return index_.empty(); }
+  std::size_t size() const noexcept { return entries_.size(); }
+  bool empty() const noexcept { return entries_.empty(); }
   /// Every FQN that has a path, sorted (views into this object).
   std::vector<std::string_view> fqns() const;
   /// How many are kept as trees (not compact).
@@ -80,10 +79,20 @@ class KeyPaths {
   bool spell(std::string_view fqn, std::span<const Key> keys, Rec& r);
   /// `fqn`'s record becomes `r`.
   void put(std::string_view fqn, const Rec& r);
+  struct Entry {
+    std::string_view fqn;  ///< the kept copy
+    Rec rec;
+  };
+  const Entry* at(std::string_view fqn) const;
+  void place(std::size_t entry);  ///< into slots_
 
   std::vector<std::unique_ptr<char[]>> blocks_;
   std::size_t block_used_ = 0, block_size_ = 0;
-  std::unordered_map<std::string_view, Rec> index_;
+  /// The FQNs in the order first set, and a hash table of them: open addressing, each slot an
+  /// entry's index + 1 (0: empty), at most half full. 36 bytes a path where a hash map's node
+  /// and bucket took 72.
+  std::vector<Entry> entries_;
+  std::vector<std::uint32_t> slots_;
   std::vector<std::uint32_t> cuts_;
   std::vector<pickle::ValuePtr> trees_;
 };

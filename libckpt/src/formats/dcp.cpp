@@ -379,7 +379,7 @@ class RankLocalMerge {
       if (fresh) c_.files.push_back(std::move(part.files[i]));
       file[i] = it->second;
     }
-    auto relocate = [&](std::optional<ChunkLocation>& l) {
+    auto relocate = [&](OptionalLocation& l) {
       if (l) l->file = file[l->file];
     };
     // The part's entries in the order it stores them, tensors and objects alike (each vector is

@@ -1674,11 +1674,11 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
 namespace ckpt::detail {
 namespace {
 
-std::string location_difference(const std::optional<ChunkLocation>& a, const std::optional<ChunkLocation>& b) {
+std::string location_difference(const OptionalLocation& a, const OptionalLocation& b) {
   if (a.has_value() != b.has_value()) return a ? "a location against none" : "no location against one";
   if (!a) return {};
   if (a->offset != b->offset || a->length != b->length || a->file != b->file || a->encoding != b->encoding ||
-      a->storage_offset != b->storage_offset) {
+      a->storage_offset() != b->storage_offset()) {
     return "location (file " + std::to_string(a->file) + ", offset " + std::to_string(a->offset) + ", length " +
            std::to_string(a->length) + ") against (file " + std::to_string(b->file) + ", offset " + std::to_string(b->offset) +
            ", length " + std::to_string(b->length) + ")";
