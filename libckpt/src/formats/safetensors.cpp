@@ -485,13 +485,15 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
   }
   {
     // By name alone: two entries of one name and different dtypes are not neighbours above.
-    std::vector<std::string_view> names;
-    names.reserve(entries.size());
-    for (const auto& e : entries) names.push_back(e.name);
-    std::sort(names.begin(), names.end());
-    const auto twice = std::adjacent_find(names.begin(), names.end());
-    if (twice != names.end()) {
-      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "tensor name '" + std::string(*twice) + "' given twice");
+    // Sorted as indices (4 bytes each, not a 16-byte view).
+    if (entries.size() > 0xffffffffu) throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "more than 2^32 tensors");
+    std::vector<std::uint32_t> by_name(entries.size());
+    for (std::size_t i = 0; i < by_name.size(); ++i) by_name[i] = static_cast<std::uint32_t>(i);
+    std::sort(by_name.begin(), by_name.end(), [&](std::uint32_t a, std::uint32_t b) { return entries[a].name < entries[b].name; });
+    const auto twice = std::adjacent_find(by_name.begin(), by_name.end(),
+                                          [&](std::uint32_t a, std::uint32_t b) { return entries[a].name == entries[b].name; });
+    if (twice != by_name.end()) {
+      throw Error(ErrorKind::kInvalidArgument, target, std::nullopt, "tensor name '" + entries[*twice].name + "' given twice");
     }
   }
   SafetensorsLayout out;

@@ -42,18 +42,19 @@ struct Key {
   std::string display() const { return is_int ? std::to_string(index) : std::string(text); }
 };
 
-// One entry to write. Its key path is made when it is asked for (Merger::path): kept, the paths
-// of 100,000 leaves held 6 MB.
+// One entry to write, 40 bytes. Its key path is made when it is asked for (Merger::path): kept,
+// the paths of 100,000 leaves held 6 MB; the value of an object is kept beside (Merger::values_).
 struct Leaf {
   enum Kind : std::uint8_t { kTensor, kObject, kMeta } kind = kTensor;
   bool flat = false;     ///< its path is its name alone (a torch.save input whose leaves are not all keyed)
   bool int_key = false;  ///< kMeta: its key is an int, `name` its decimal text
   DType out{};
+  std::uint32_t value = 0;  ///< objects and meta.pt entries: their value's index in Merger::values_
   std::string_view name;  ///< the entry's own name, or a meta.pt key's text (Merger::meta_names_)
   const TensorEntry* tensor = nullptr;
-  ValuePtr value;                       // objects and meta.pt entries, storages already renumbered
-  const ObjectEntry* object = nullptr;  // kObject: the entry `value` is read from
+  const ObjectEntry* object = nullptr;  // kObject: the entry its value is read from
 };
+static_assert(sizeof(Leaf) <= 40);
 
 // Where a storage of the output comes from.
 struct StorageSource {
@@ -242,17 +243,17 @@ class Merger {
       Leaf l;
       if (i < ntensors) {
         const TensorEntry& t = c_.tensors[i];
-        l = Leaf{Leaf::kTensor, false, false, t.dtype, t.name, &t, nullptr, nullptr};
+        l = Leaf{Leaf::kTensor, false, false, t.dtype, 0, t.name, &t, nullptr};
         if (o_.dtype && is_castable_float(t.dtype)) l.out = *o_.dtype;
       } else {
         const ObjectEntry& e = c_.objects[i - ntensors];
-        l = Leaf{Leaf::kObject, false, false, {}, e.name, nullptr, nullptr, &e};
+        l = Leaf{Leaf::kObject, false, false, {}, 0, e.name, nullptr, &e};
       }
       if (!selected(l.name, path(l).front())) {
         ++dropped_;
         continue;
       }
-      if (l.object) l.value = import(*l.object);
+      if (l.object) l.value = keep_value(import(*l.object));
       leaves_.push_back(std::move(l));
     }
     // A torch.save input keeps its nesting only when every leaf written has its key path; else
@@ -283,10 +284,16 @@ class Merger {
             ++dropped_;
             continue;
           }
-          leaves_.push_back(Leaf{Leaf::kMeta, false, key.is_int, {}, meta_names_.back(), nullptr, v, nullptr});
+          leaves_.push_back(Leaf{Leaf::kMeta, false, key.is_int, {}, keep_value(v), meta_names_.back(), nullptr, nullptr});
         }
       }
     }
+  }
+
+  std::uint32_t keep_value(ValuePtr v) {
+    if (values_.size() >= 0xffffffffu) internal_error("merge: more than 2^32 objects");
+    values_.push_back(std::move(v));
+    return static_cast<std::uint32_t>(values_.size() - 1);
   }
 
   // An object entry's value; a bytes item's tensors get storages of the output.
@@ -349,7 +356,7 @@ class Merger {
       }
       case Node::kLeaf: {
         const Leaf& l = *n.leaf;
-        if (l.kind != Leaf::kTensor) return l.value;
+        if (l.kind != Leaf::kTensor) return values_[l.value];
         const std::size_t idx = builder_.reserve_storage(l.out, l.tensor->numel());
         storages_.resize(idx + 1);
         storages_[idx].tensor = l.tensor;
@@ -472,7 +479,7 @@ class Merger {
     }
     // Each tensor as the plan takes it (its name in the output, dtype and shape), and its leaf.
     std::vector<SafetensorsEntry> named;
-    std::vector<const Leaf*> named_leaves;
+    std::vector<std::uint32_t> named_leaves;  // indices into leaves_
     named.reserve(leaves_.size());
     named_leaves.reserve(leaves_.size());
     for (const Leaf& l : leaves_) {
@@ -482,7 +489,7 @@ class Merger {
         continue;
       }
       named.push_back({key ? path_text({keys.begin() + 1, keys.end()}) : std::string(l.name), l.out, l.tensor->shape, nullptr});
-      named_leaves.push_back(&l);
+      named_leaves.push_back(static_cast<std::uint32_t>(&l - leaves_.data()));
     }
     if (named.empty()) {
       throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt,
@@ -532,14 +539,14 @@ class Merger {
       Planned p{fname, plan_safetensors(std::move(entries), metadata, fname), {}};
       p.leaves.reserve(p.layout.order.size());
       for (std::size_t i = 0; i < p.layout.order.size(); ++i) {
-        p.leaves.push_back(named_leaves[cuts[s] + p.layout.order[i]]);
+        p.leaves.push_back(&leaves_[named_leaves[cuts[s] + p.layout.order[i]]]);
         report(result, *p.leaves.back(), fname, &p.layout.entries[i].name);
       }
       result.files.push_back({dir ? output_ / fname : output_, p.layout.size, p.leaves.size()});
       files.push_back(std::move(p));
     }
     std::vector<SafetensorsEntry>().swap(named);  // moved into the plans
-    std::vector<const Leaf*>().swap(named_leaves);
+    std::vector<std::uint32_t>().swap(named_leaves);
     std::string index;
     if (dir && files.size() > 1) {
       nlohmann::ordered_json j;
@@ -620,6 +627,7 @@ class Merger {
   const MergeOptions& o_;
   ChunkReader reader_;
   std::vector<Leaf> leaves_;
+  std::vector<ValuePtr> values_;  ///< objects' and meta.pt entries' values, storages already renumbered
   std::deque<std::string> meta_names_;  ///< the names of kMeta leaves (a deque: they never move)
   std::size_t dropped_ = 0;
   TorchSaveBuilder builder_;
