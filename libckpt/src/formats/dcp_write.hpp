@@ -29,8 +29,10 @@ struct DcpPlanChunk {
   Dims offsets, sizes;  ///< 1-d and 2-d inline (NOTE [Compact chunks]): a reshard plans one per rank and tensor
 };
 
+// A plan's FQNs are views of names its maker keeps for as long as the plan (a reshard of
+// 100,000 tensors: their copies held 6 MB).
 struct DcpPlanTensor {
-  std::string fqn;
+  std::string_view fqn;
   std::size_t position = 0;  ///< order in state_dict_metadata, among tensors and objects
   DType dtype = DType::kFloat32;
   Dims shape;
@@ -39,7 +41,7 @@ struct DcpPlanTensor {
 };
 
 struct DcpPlanObject {
-  std::string fqn;
+  std::string_view fqn;
   std::size_t position = 0;
   int rank = 0;
   SourcePtr item;  ///< the item's bytes before transforms: a torch.save archive of the value

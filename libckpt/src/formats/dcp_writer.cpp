@@ -377,7 +377,7 @@ void validate_dcp_plan(const DcpPlan& plan) {
   std::vector<std::string_view> names;
   names.reserve(plan.tensors.size() + plan.objects.size());
   for (const DcpPlanTensor& t : plan.tensors) {
-    const auto bad = [&](const std::string& m) { throw Error(ErrorKind::kInvalidArgument, "tensor '" + t.fqn + "': " + m); };
+    const auto bad = [&](const std::string& m) { throw Error(ErrorKind::kInvalidArgument, "tensor '" + std::string(t.fqn) + "': " + m); };
     std::uint64_t numel = 1, volume = 0;
     for (auto d : t.shape) {
       if (d < 0) bad("negative dimension");
@@ -400,7 +400,7 @@ void validate_dcp_plan(const DcpPlan& plan) {
     names.push_back(t.fqn);
   }
   for (const DcpPlanObject& o : plan.objects) {
-    if (o.rank < 0 || o.rank >= world) throw Error(ErrorKind::kInvalidArgument, "object '" + o.fqn + "': rank out of range");
+    if (o.rank < 0 || o.rank >= world) throw Error(ErrorKind::kInvalidArgument, "object '" + std::string(o.fqn) + "': rank out of range");
     names.push_back(o.fqn);
   }
   std::sort(names.begin(), names.end());
@@ -486,7 +486,7 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) order.emplace_back(plan.tensors[i].position, true, i);
   for (std::size_t i = 0; i < plan.objects.size(); ++i) order.emplace_back(plan.objects[i].position, false, i);
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
-  auto fqn_of = [&](std::size_t i) -> const std::string& {
+  auto fqn_of = [&](std::size_t i) -> std::string_view {
     const auto& [pos, tensor, k] = order[i];
     return tensor ? plan.tensors[k].fqn : plan.objects[k].fqn;
   };
@@ -504,12 +504,12 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
   std::unordered_map<const pk::Value*, pk::DictBatches> streamed;
   streamed[sdm.get()] = batches(order.size(), [&](std::size_t i) {
     const auto& [pos, tensor, k] = order[i];
-    return std::make_pair(pk::make_str(fqn_of(i)), tensor ? mb.tensor_meta(plan.tensors[k]) : mb.bytes_meta());
+    return std::make_pair(pk::make_str(std::string(fqn_of(i))), tensor ? mb.tensor_meta(plan.tensors[k]) : mb.bytes_meta());
   });
   streamed[storage.get()] = batches(items.size(), [&](std::size_t i) { return std::make_pair(mb.index(items[i]), mb.info(items[i], zstd)); });
   if (plan.layout == DcpLayout::kCurrent) {
     streamed[planner.get()] = batches(order.size(), [&](std::size_t i) {
-      ValuePtr k = pk::make_str(fqn_of(i));
+      ValuePtr k = pk::make_str(std::string(fqn_of(i)));
       ValuePtr path = plan.paths().find(fqn_of(i));
       return std::make_pair(k, path ? path : pk::make_tuple({k}));
     });

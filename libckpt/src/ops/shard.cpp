@@ -51,7 +51,7 @@ namespace pk = pickle;
 
 // One entry of the output, before placement.
 struct Entry {
-  std::string fqn;                        // its planner_data path is in the plan's
+  std::string_view fqn;                   // the input entry's name, or one Sharder::names_ keeps
   const TensorEntry* tensor = nullptr;    // a tensor entry, or
   SourcePtr item;                         // a bytes item's archive
   DType out{};
@@ -103,24 +103,25 @@ class Sharder {
     }
   }
 
-  bool selected(const std::string& name) {
+  bool selected(std::string_view name) {
     if (filters_select(o_.filters, name)) return true;
     ++dropped_;
     return false;
   }
 
-  void add_tensor(std::string fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
+  // `fqn` must outlive the plan: an input entry's name, or one kept by keep().
+  void add_tensor(std::string_view fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
     if (!selected(fqn)) return;
     if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
-    Entry e{std::move(fqn), t, nullptr, t->dtype};
+    Entry e{fqn, t, nullptr, t->dtype};
     if (o_.dtype && is_castable_float(t->dtype)) e.out = *o_.dtype;
     entries_.push_back(std::move(e));
   }
 
-  void add_object(std::string fqn, std::vector<ValuePtr> path, SourcePtr item) {
+  void add_object(std::string_view fqn, std::vector<ValuePtr> path, SourcePtr item) {
     if (!selected(fqn)) return;
     if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
-    entries_.push_back({std::move(fqn), nullptr, std::move(item), {}});
+    entries_.push_back({fqn, nullptr, std::move(item), {}});
   }
 
   std::vector<ValuePtr> keyed(const std::vector<ValuePtr>& path) const {
@@ -132,13 +133,17 @@ class Sharder {
     return out;
   }
   std::string keyed(const std::string& fqn) const { return o_.key ? join(*o_.key, fqn) : fqn; }
+  // A name made here, kept for the plan, which views it.
+  std::string_view keep(std::string name) { return names_.emplace_back(std::move(name)); }
 
   void collect() {
     const bool dcp = c_.format == Format::kDcp || c_.format == Format::kLightningSharded;
     if (dcp && o_.key) throw Error(ErrorKind::kInvalidArgument, "--key applies to input that is not a DCP directory (its FQNs are kept)");
     if (dcp) return collect_dcp();
     if (c_.format == Format::kTorchSave) return collect_torch_save();
-    for (const TensorEntry& t : c_.tensors) add_tensor(keyed(t.name), keyed({pk::make_str(t.name)}), &t);
+    for (const TensorEntry& t : c_.tensors) {
+      add_tensor(o_.key ? keep(keyed(t.name)) : std::string_view(t.name), keyed({pk::make_str(t.name)}), &t);
+    }
   }
 
   void collect_dcp() {
@@ -258,8 +263,8 @@ class Sharder {
   void flatten(const ValuePtr& v, std::vector<ValuePtr> path, const std::string& fqn) {
     if (auto it = tensor_of_.find(v.get()); it != tensor_of_.end()) {
       owned_.push_back(torch_save_tensor_entry(*file_, *it->second, 0));
-      owned_.back().name = keyed(fqn);
-      return add_tensor(keyed(fqn), keyed(std::move(path)), &owned_.back());
+      owned_.back().name = keyed(fqn);  // a deque's element: it never moves
+      return add_tensor(owned_.back().name, keyed(std::move(path)), &owned_.back());
     }
     if (const auto* items = v->dict_items()) {
       for (const auto& [k, x] : *items) {
@@ -280,7 +285,7 @@ class Sharder {
       return;
     }
     if (path.empty()) throw Error(ErrorKind::kFormat, c_.root.string(), v->offset, "holds a " + v->type_name() + ", not a state dict");
-    add_object(keyed(fqn), keyed(std::move(path)),
+    add_object(keep(keyed(fqn)), keyed(std::move(path)),
                memory_source(detail::bytes_item(*v, DcpLayout::kCurrent, storages_of(*file_)), keyed(fqn)));
   }
 
@@ -288,7 +293,7 @@ class Sharder {
 
   bool replicated(const Entry& e) const {
     if (e.tensor->shape.empty()) return true;
-    return std::any_of(o_.replicate.begin(), o_.replicate.end(), [&](const std::string& g) { return detail::glob_match(g, e.fqn); });
+    return std::any_of(o_.replicate.begin(), o_.replicate.end(), [&](const std::string& g) { return detail::glob_match(g, std::string(e.fqn)); });
   }
 
   std::vector<Holding> holdings(const Entry& e) const {
@@ -400,15 +405,15 @@ class Sharder {
     plan_.tensors.reserve(ntensors);
     sources_.reserve(ntensors);
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      Entry& e = entries_[i];  // its name moves into the plan: nothing after this asks for it
+      const Entry& e = entries_[i];
       if (!e.tensor) {
         plan_.objects.push_back({e.fqn, i, owner_[i][0], e.item});
-        if (o_.report_entries) r.entries.push_back({e.fqn, "object", std::nullopt, {}, 0, {{owner_[i][0], {}, {}}}});
+        if (o_.report_entries) r.entries.push_back({std::string(e.fqn), "object", std::nullopt, {}, 0, {{owner_[i][0], {}, {}}}});
         continue;
       }
       const std::uint64_t nbytes = e.tensor->numel() * element_size(e.out);
       r.tensor_bytes += nbytes;
-      detail::DcpPlanTensor t{std::move(e.fqn), i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
+      detail::DcpPlanTensor t{e.fqn, i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
       t.chunks.reserve(held_[i].size());
       sources_.push_back(e.tensor);
       for (std::size_t k : chunk_order(i)) {
@@ -416,7 +421,7 @@ class Sharder {
         t.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
       }
       if (o_.report_entries) {  // what the plan holds, as the result shows it
-        ShardedEntry out{t.fqn, "tensor", e.out, e.tensor->shape, nbytes, {}};
+        ShardedEntry out{std::string(t.fqn), "tensor", e.out, e.tensor->shape, nbytes, {}};
         for (const detail::DcpPlanChunk& c : t.chunks) out.chunks.push_back({c.rank, c.offsets, c.sizes});
         r.entries.push_back(std::move(out));
       }
@@ -609,6 +614,7 @@ class Sharder {
   std::unique_ptr<TorchSaveFile> file_;                // torch.save input
   std::map<const Value*, const TorchTensor*> tensor_of_;
   std::deque<TensorEntry> owned_;                      // torch.save input's entries (stable addresses)
+  std::deque<std::string> names_;                      // FQNs made here (keep()), which entries and the plan view
   std::vector<Entry> entries_;                         // until the plan is made: then the plan holds it all
   std::vector<const TensorEntry*> sources_;            // each planned tensor's source
   std::vector<std::vector<Holding>> held_;

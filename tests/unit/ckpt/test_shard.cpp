@@ -44,14 +44,15 @@ TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[
   plan.tensors.push_back({"a", 0, ckpt::DType::kFloat32, {10}, false, {chunk(0, 0, 2), chunk(1, 2, 8)}});
   plan.tensors.push_back({"b", 1, ckpt::DType::kFloat32, {6}, false, {chunk(0, 0, 6)}});
   plan.tensors.push_back({"c", 2, ckpt::DType::kFloat32, {3}, false, {chunk(0, 0, 3)}});
-  for (int i = 0; i < 3; ++i) plan.objects.push_back({"o" + std::to_string(i), 3u + static_cast<std::size_t>(i), 0, ckpt::memory_source({})});
+  const std::string objects[] = {"o0", "o1", "o2"};  // the plan views its FQNs
+  for (int i = 0; i < 3; ++i) plan.objects.push_back({objects[i], 3u + static_cast<std::size_t>(i), 0, ckpt::memory_source({})});
   const auto files = ckpt::detail::plan_dcp_files(plan);
   REQUIRE(files.size() == 4);
   CHECK(files[0].name == "__0_0.distcp");
   CHECK(files[3].name == "__1_1.distcp");
   auto names = [&](const ckpt::detail::DcpFilePlan& f) {
     std::vector<std::string> out;
-    for (const auto& r : f.items) out.push_back(r.tensor ? plan.tensors[r.index].fqn : plan.objects[r.index].fqn);
+    for (const auto& r : f.items) out.emplace_back(r.tensor ? plan.tensors[r.index].fqn : plan.objects[r.index].fqn);
     return out;
   };
   // bytes items round-robin; tensors largest first into the lighter file: b (24 B) to file 0,
