@@ -402,7 +402,9 @@ class Merger {
     r.entries.push_back(std::move(e));
   }
 
-  MergeResult torch(bool dry_run) {
+  // The torch.save layout of the nested output: data.pkl made, every record placed. The output
+  // tree and its pickle nodes go once it is made (before the copy); only the records stay.
+  detail::ArchivePlan torch_plan() {
     Node root;
     root.kind = Node::kDict;
     const std::string where = (c_.root / ".metadata").string();
@@ -420,8 +422,12 @@ class Merger {
     ValuePtr tree = to_value(root, &streamed);
     std::string archive = output_.stem().string();
     if (archive.empty()) archive = "archive";
-    const detail::ArchivePlan plan(archive, plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent},
-                                                                     output_.string()));
+    return detail::ArchivePlan(archive, plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent},
+                                                                 output_.string()));
+  }
+
+  MergeResult torch(bool dry_run) {
+    const detail::ArchivePlan plan = torch_plan();
     const std::vector<TorchSaveRecord>& records = plan.records();
     std::uint64_t data_bytes = 0;
     for (std::size_t i = 0; i < records.size(); ++i) {

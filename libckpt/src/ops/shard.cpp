@@ -18,6 +18,7 @@
 #include "ckpt/sharding.hpp"
 #include "ckpt/torch_save.hpp"
 #include "formats/dcp_write.hpp"
+#include "memory.hpp"
 #include "ops/assemble.hpp"
 #include "ops/outputs.hpp"
 #include "ops/text.hpp"
@@ -83,6 +84,7 @@ class Sharder {
     collect();
     place();
     ShardResult result = describe();
+    detail::give_back_freed_memory();  // placing's holdings and entries (NOTE [Giving freed memory back])
     if (dry_run) return result;
     write(result);
     return result;
@@ -592,6 +594,7 @@ class Sharder {
       for (const auto& d : std::filesystem::directory_iterator(dir)) {
         if (!keep.count(d.path().filename().string())) std::filesystem::remove_all(d.path());
       }
+      detail::give_back_freed_memory();  // the copy's records
       detail::write_dcp_metadata(dir, plan_, items);
       detail::move_dir_into_place(dir, output_);
     } catch (...) {
