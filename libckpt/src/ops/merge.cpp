@@ -135,7 +135,9 @@ std::string path_text(const std::vector<Key>& path) {
   return s;
 }
 
-void set_element(Node& root, const Leaf& leaf, const std::vector<Key>& path, const std::string& where) {
+// `entries`: how many the output has, the most a list may hold (a list index is grown to with
+// None, as torch does; past that it can only be a hostile path, which would ask for any memory).
+void set_element(Node& root, const Leaf& leaf, const std::vector<Key>& path, std::size_t entries, const std::string& where) {
   auto fail = [&](const std::string& what) {
     throw Error(ErrorKind::kFormat, where, std::nullopt, "planner_data path " + path_text(path) + " of '" + std::string(leaf.name) + "' " + what);
   };
@@ -147,6 +149,9 @@ void set_element(Node& root, const Leaf& leaf, const std::vector<Key>& path, con
     }
     if (container.kind != Node::kList) fail("goes through a value that is not a dict or list");
     if (!k.is_int || k.index < 0) fail("indexes a list with '" + k.display() + "'");
+    if (static_cast<std::uint64_t>(k.index) >= entries) {
+      fail("indexes a list at " + k.display() + ", past the " + std::to_string(entries) + " entries there are to put in it");
+    }
     return container.at(static_cast<std::size_t>(k.index));
   };
   Node* cur = &root;
@@ -416,7 +421,7 @@ class Merger {
         *(existing ? existing : &root.add(key)) = Node{Node::kLeaf, &l, nullptr};
         continue;
       }
-      set_element(root, l, path(l), where);
+      set_element(root, l, path(l), leaves_.size(), where);
     }
     std::unordered_map<const Value*, pickle::DictBatches> streamed;
     ValuePtr tree = to_value(root, &streamed);

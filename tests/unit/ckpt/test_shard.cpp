@@ -2,14 +2,18 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/dcp.hpp"
+#include "ckpt/ops/merge.hpp"
 #include "ckpt/ops/shard.hpp"
 #include "formats/dcp_write.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
 
 using namespace fsdp_test;
+using ckpt::DType;
 using ckpt::ErrorKind;
+namespace pk = ckpt::pickle;
 using Pieces = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
 TEST_CASE("torch.chunk's rule (spec/FORMATS.md §5.1 table, verified on torch 1.13)", "[ckpt][shard]") {
@@ -119,4 +123,27 @@ TEST_CASE("shard: the dry run plans, -j does not change the bytes", "[ckpt][shar
     CHECK(read_all(dir.path() / "j1" / f) == read_all(dir.path() / "j8" / f));
     CHECK(std::filesystem::file_size(dir.path() / "j1" / f) == plan.files[static_cast<std::size_t>(r)].size);
   }
+}
+
+TEST_CASE("merge refuses a planner_data path that indexes a list past every entry, in bounded memory", "[ckpt][merge]") {
+  // torch grows a list with None up to the index; an index past the entries there are can only be
+  // a hostile path (4,000,000,000 Nones would be 32 GB of nodes).
+  TestDir dir;
+  std::vector<ckpt::DcpWriteTensor> t{{"model.4000000000", DType::kFloat32, {1}, {{0, {0}, {1}, ckpt::memory_source(std::vector<std::byte>(4))}}, false}};
+  ckpt::DcpWriteOptions opts;
+  opts.planner_data.set("model.4000000000", pk::make_tuple({pk::make_str("model"), pk::make_int(4000000000)}));
+  ckpt::write_dcp(dir.path() / "in", t, {}, opts);
+  const ckpt::Checkpoint c = ckpt::open_checkpoint(dir.path() / "in");
+  ckpt::MergeOptions mo;
+  REQUIRE_THROWS_MATCHES(ckpt::merge(c, dir.path() / "out.pt", mo), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, std::nullopt, "indexes a list at 4000000000, past the 1 entries"));
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "out.pt"));
+  // An index within the entries there are is torch's rule: the list grows to hold it.
+  t[0].fqn = "model.0";
+  ckpt::DcpWriteOptions ok;
+  ok.planner_data.set("model.0", pk::make_tuple({pk::make_str("model"), pk::make_int(0)}));
+  ckpt::write_dcp(dir.path() / "in0", t, {}, ok);
+  const ckpt::MergeResult r = ckpt::merge(ckpt::open_checkpoint(dir.path() / "in0"), dir.path() / "out0.pt", mo);
+  CHECK(r.files.size() == 1);
+  CHECK(std::filesystem::exists(dir.path() / "out0.pt"));
 }
