@@ -456,27 +456,15 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
   return files;
 }
 
-std::vector<DcpItem> plan_dcp_items(const DcpPlan& plan, std::span<const DcpFilePlan> files) {
-  ItemArchives archives(plan.layout);
-  std::vector<DcpItem> items;
-  items.reserve(item_count(files));
-  for (const DcpFilePlan& f : files) {
-    std::uint64_t at = 0;
-    for (const DcpFilePlan::Ref& r : f.items) {
-      const std::uint64_t length = item_bytes(plan, r, archives);
-      items.push_back(item_of(plan, r, f.name, at, length));
-      at += length;
-    }
-  }
-  return items;
-}
-
 std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                      const CopyOptions& copy) {
   return plan.compression == DcpCompression::kZstd ? write_compressed(dir, plan, files, copy) : write_uncompressed(dir, plan, files, copy);
 }
 
-void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items) {
+namespace {
+
+// .metadata of `plan` with `count` storage_data items, item(i) asked for in order, once each.
+void write_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::size_t count, const std::function<DcpItem(std::size_t)>& item) {
   // NOTE [.metadata last]: only now, with every data file durable, does the directory become a
   // checkpoint, by the rename of .metadata.tmp (what DCP's FileSystemWriter.finish does).
   const bool zstd = plan.compression == DcpCompression::kZstd;
@@ -506,7 +494,10 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
     const auto& [pos, tensor, k] = order[i];
     return std::make_pair(pk::make_str(std::string(fqn_of(i))), tensor ? mb.tensor_meta(plan.tensors[k]) : mb.bytes_meta());
   });
-  streamed[storage.get()] = batches(items.size(), [&](std::size_t i) { return std::make_pair(mb.index(items[i]), mb.info(items[i], zstd)); });
+  streamed[storage.get()] = batches(count, [&](std::size_t i) {
+    const DcpItem it = item(i);
+    return std::make_pair(mb.index(it), mb.info(it, zstd));
+  });
   if (plan.layout == DcpLayout::kCurrent) {
     streamed[planner.get()] = batches(order.size(), [&](std::size_t i) {
       ValuePtr k = pk::make_str(std::string(fqn_of(i)));
@@ -519,6 +510,34 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
   auto meta = open_file_sink(dir / ".metadata", Overwrite::kYes, dir / ".metadata.tmp");
   pk::write_streamed(*root, 4, streamed, [&](std::span<const std::byte> b) { meta->write(b); }, mb.persistent());
   meta->commit();
+}
+
+}  // namespace
+
+void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items) {
+  write_metadata(dir, plan, items.size(), [&](std::size_t i) { return items[i]; });
+}
+
+void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files) {
+  if (plan.compression != DcpCompression::kNone) internal_error("write_dcp_metadata: compressed items' places are known only once written");
+  // Each item's place follows from the plan, file after file (what write_uncompressed lays out).
+  ItemArchives archives(plan.layout);
+  std::size_t file = 0, at_item = 0, next = 0;
+  std::uint64_t at = 0;
+  write_metadata(dir, plan, item_count(files), [&](std::size_t i) {
+    if (i != next++) internal_error("write_dcp_metadata: items asked for out of order");
+    while (at_item == files[file].items.size()) {
+      ++file;
+      at_item = 0;
+      at = 0;
+    }
+    const DcpFilePlan& f = files[file];
+    const DcpFilePlan::Ref& r = f.items[at_item++];
+    const std::uint64_t length = item_bytes(plan, r, archives);
+    const DcpItem it = item_of(plan, r, f.name, at, length);
+    at += length;
+    return it;
+  });
 }
 
 std::vector<std::byte> bytes_item(const pickle::Value& value, DcpLayout layout,
@@ -614,7 +633,6 @@ void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpW
   }
   const detail::DcpPlan plan = plan_of(tensors, objects, options, -1);
   const std::vector<detail::DcpFilePlan> files = detail::plan_dcp_files(plan);
-  const std::vector<detail::DcpItem> items = detail::plan_dcp_items(plan, files);
   // Every data file must be there, whole, before .metadata makes the directory a checkpoint.
   for (const detail::DcpFilePlan& f : files) {
     std::error_code ec;
@@ -624,7 +642,7 @@ void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpW
                   ec ? "is missing: a rank has not written its files" : "holds " + std::to_string(size) + " bytes, the plan says " + std::to_string(f.size));
     }
   }
-  detail::write_dcp_metadata(dir, plan, items);
+  detail::write_dcp_metadata(dir, plan, std::span<const detail::DcpFilePlan>(files));
 }
 
 }  // namespace ckpt

@@ -579,9 +579,14 @@ class Sharder {
       write_marker(dir, done_marker(o_.process_index), {{"plan", fp}, {"items", items_json(items)}});
       return;
     }
+    // One process writing uncompressed: where each item went follows from the plan, and is made
+    // again as .metadata is written rather than held through it.
+    const bool from_plan = !distributed && plan_.compression == DcpCompression::kNone;
+    std::size_t nitems = 0;
     try {
       std::vector<detail::DcpItem> others = wait_for_others(dir, fp);
       items.insert(items.end(), std::make_move_iterator(others.begin()), std::make_move_iterator(others.end()));
+      nitems = items.size();
       for (const auto& [name, src] : carried_) {
         auto sink = open_file_sink(dir / name, Overwrite::kYes);
         stream_range(*src, 0, src->size(), [&](std::span<const std::byte> b) { sink->write(b); });
@@ -594,8 +599,13 @@ class Sharder {
       for (const auto& d : std::filesystem::directory_iterator(dir)) {
         if (!keep.count(d.path().filename().string())) std::filesystem::remove_all(d.path());
       }
+      if (from_plan) std::vector<detail::DcpItem>().swap(items);
       detail::give_back_freed_memory();  // the copy's records
-      detail::write_dcp_metadata(dir, plan_, items);
+      if (from_plan) {
+        detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpFilePlan>(files_));
+      } else {
+        detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpItem>(items));
+      }
       detail::move_dir_into_place(dir, output_);
     } catch (...) {
       std::error_code ec;
@@ -606,7 +616,7 @@ class Sharder {
     for (ShardedFile& f : result.files) {
       if (!f.written_here) f.size = std::filesystem::file_size(f.path, ec);
     }
-    result.files.push_back({output_ / ".metadata", std::filesystem::file_size(output_ / ".metadata", ec), items.size(), true});
+    result.files.push_back({output_ / ".metadata", std::filesystem::file_size(output_ / ".metadata", ec), nitems, true});
     result.committed = true;
   }
 
