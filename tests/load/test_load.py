@@ -10,7 +10,7 @@ or output pickle node made at once) fails them, and that what the tools reached 
   the other merges, shard, inspect, verify 64 MiB + 1 KiB per tensor; 128 bytes per chunk
   diff, the test's own writer and readers  64 MiB + 4 KiB per tensor; 1 KiB per chunk
 (Measured at 100,000 tensors x 2 ranks, peak RSS by GNU time, Release build: inspect 53 MiB, merge
-to safetensors 63, to .pt 117, to HDF5 130 (most of it libhdf5's), shard 100-102, against a 42 MiB
+to safetensors 63, to .pt 117, to HDF5 130 (most of it libhdf5's), shard 95, against a 42 MiB
 .metadata; diff of two checkpoints 130-323. At 1,000,000 chunks inspect and verify take 129 MiB.)
 The 4 GiB single-tensor case is in bench/load (disk)."""
 import argparse
