@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ckpt/error.hpp"
+#include "open_index.hpp"
 
 namespace ckpt {
 
@@ -17,20 +18,9 @@ KeyPaths::KeyPaths(const KeyPaths& other) {
 }
 
 const KeyPaths::Entry* KeyPaths::at(std::string_view fqn) const {
-  if (slots_.empty()) return nullptr;
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = std::hash<std::string_view>{}(fqn) & mask;; i = (i + 1) & mask) {
-    if (slots_[i] == 0) return nullptr;
-    const Entry& e = entries_[slots_[i] - 1];
-    if (e.fqn == fqn) return &e;
-  }
-}
-
-void KeyPaths::place(std::size_t entry) {
-  const std::size_t mask = slots_.size() - 1;
-  std::size_t i = std::hash<std::string_view>{}(entries_[entry].fqn) & mask;
-  while (slots_[i] != 0) i = (i + 1) & mask;
-  slots_[i] = static_cast<std::uint32_t>(entry + 1);
+  const std::size_t i =
+      detail::open_index_find(slots_, std::hash<std::string_view>{}(fqn), [&](std::size_t e) { return entries_[e].fqn == fqn; });
+  return i == detail::kNotIndexed ? nullptr : &entries_[i];
 }
 
 KeyPaths& KeyPaths::operator=(const KeyPaths& other) {
@@ -116,14 +106,8 @@ void KeyPaths::put(std::string_view fqn, const Rec& r) {
     entries_[static_cast<std::size_t>(e - entries_.data())].rec = r;  // the old cuts or tree stay behind: rare (a repeated key)
     return;
   }
-  if (entries_.size() >= 0xfffffffeu) internal_error("KeyPaths: more than 2^32 paths");
   entries_.push_back({keep(fqn), r});  // cuts are positions: the same in the kept copy
-  if (2 * entries_.size() > slots_.size()) {
-    slots_.assign(std::max<std::size_t>(64, 2 * slots_.size()), 0);
-    for (std::size_t i = 0; i < entries_.size(); ++i) place(i);
-  } else {
-    place(entries_.size() - 1);
-  }
+  detail::open_index_add(slots_, entries_.size(), [&](std::size_t e) { return std::hash<std::string_view>{}(entries_[e].fqn); });
 }
 
 void KeyPaths::add(std::string_view fqn, const pickle::ValuePtr& value) {
@@ -135,23 +119,25 @@ pickle::ValuePtr KeyPaths::find(std::string_view fqn) const {
   if (!e) return nullptr;
   const Rec& r = e->rec;
   if (r.tree >= 0) return trees_[static_cast<std::size_t>(r.tree)];
-  const std::string_view name = e->fqn;
+  std::vector<KeyView> views;
+  spelled(*e, views);
   std::vector<pickle::ValuePtr> keys;
-  keys.reserve(r.keys);
+  keys.reserve(views.size());
+  for (const KeyView& v : views) keys.push_back(v.is_int ? pickle::make_int(v.index) : pickle::make_str(std::string(v.text)));
+  return pickle::make_tuple(std::move(keys));
+}
+
+void KeyPaths::spelled(const Entry& e, std::vector<KeyView>& out) const {
+  const Rec& r = e.rec;
+  const std::string_view name = e.fqn;
   std::size_t begin = 0;
   for (std::size_t k = 0; k < r.keys; ++k) {
     const std::size_t end = k + 1 < r.keys ? cuts_[r.cuts_at + k] : name.size();
-    const std::string_view text = name.substr(begin, end - begin);
-    if (r.ints & (1u << k)) {
-      std::int64_t v = 0;
-      std::from_chars(text.data(), text.data() + text.size(), v);  // written by std::to_string above
-      keys.push_back(pickle::make_int(v));
-    } else {
-      keys.push_back(pickle::make_str(std::string(text)));
-    }
+    KeyView v{name.substr(begin, end - begin), (r.ints & (1u << k)) != 0, 0};
+    if (v.is_int) std::from_chars(v.text.data(), v.text.data() + v.text.size(), v.index);  // written by std::to_string
+    out.push_back(v);
     begin = end + 1;
   }
-  return pickle::make_tuple(std::move(keys));
 }
 
 bool KeyPaths::keys(std::string_view fqn, std::vector<KeyView>& out) const {
@@ -175,15 +161,7 @@ bool KeyPaths::keys(std::string_view fqn, std::vector<KeyView>& out) const {
     }
     return true;
   }
-  const std::string_view name = e->fqn;
-  std::size_t begin = 0;
-  for (std::size_t k = 0; k < r.keys; ++k) {
-    const std::size_t end = k + 1 < r.keys ? cuts_[r.cuts_at + k] : name.size();
-    KeyView v{name.substr(begin, end - begin), (r.ints & (1u << k)) != 0, 0};
-    if (v.is_int) std::from_chars(v.text.data(), v.text.data() + v.text.size(), v.index);  // written by std::to_string
-    out.push_back(v);
-    begin = end + 1;
-  }
+  spelled(*e, out);
   return true;
 }
 

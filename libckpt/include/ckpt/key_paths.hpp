@@ -84,13 +84,13 @@ class KeyPaths {
     Rec rec;
   };
   const Entry* at(std::string_view fqn) const;
-  void place(std::size_t entry);  ///< into slots_
+  /// A compact path's keys: cuts of its kept FQN.
+  void spelled(const Entry& e, std::vector<KeyView>& out) const;
 
   std::vector<std::unique_ptr<char[]>> blocks_;
   std::size_t block_used_ = 0, block_size_ = 0;
-  /// The FQNs in the order first set, and a hash table of them: open addressing, each slot an
-  /// entry's index + 1 (0: empty), at most half full. 36 bytes a path where a hash map's node
-  /// and bucket took 72.
+  /// The FQNs in the order first set, and a hash table of their indices (NOTE [Open index] in
+  /// libckpt/src/open_index.hpp): 36 bytes a path where a hash map's node and bucket took 72.
   std::vector<Entry> entries_;
   std::vector<std::uint32_t> slots_;
   std::vector<std::uint32_t> cuts_;

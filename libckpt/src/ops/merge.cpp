@@ -24,6 +24,7 @@
 #include "ops/assemble.hpp"
 #include "ops/outputs.hpp"
 #include "ops/text.hpp"
+#include "open_index.hpp"
 
 namespace ckpt {
 namespace {
@@ -86,33 +87,19 @@ struct Node {
 struct Node::Children {
   std::vector<std::pair<Key, Node>> dict;  ///< in insertion order, as a Python dict
   std::vector<Node> list;
-  std::vector<std::uint32_t> slots;        ///< the dict's keys hashed, open addressing: index + 1, 0 empty
+  std::vector<std::uint32_t> slots;        ///< the dict's keys' indices, hashed (NOTE [Open index])
 
   static std::size_t hash(const Key& k) {
     return k.is_int ? std::hash<std::int64_t>{}(k.index) * 0x9e3779b97f4a7c15ull : std::hash<std::string_view>{}(k.text);
   }
-  std::size_t home(const Key& k) const { return hash(k) & (slots.size() - 1); }
   Node* find(const Key& k) {
-    if (slots.empty()) return nullptr;
-    for (std::size_t i = home(k);; i = (i + 1) & (slots.size() - 1)) {
-      if (slots[i] == 0) return nullptr;
-      if (dict[slots[i] - 1].first == k) return &dict[slots[i] - 1].second;
-    }
+    const std::size_t i = detail::open_index_find(slots, hash(k), [&](std::size_t j) { return dict[j].first == k; });
+    return i == detail::kNotIndexed ? nullptr : &dict[i].second;
   }
   Node& add(const Key& k) {
-    if (dict.size() >= 0xfffffffeu) internal_error("merge: a dict of more than 2^32 keys");
-    if (2 * (dict.size() + 1) > slots.size()) {  // at most half full
-      slots.assign(std::max<std::size_t>(16, 2 * slots.size()), 0);
-      for (std::size_t j = 0; j < dict.size(); ++j) place(dict[j].first, j);
-    }
     dict.emplace_back(k, Node{});
-    place(k, dict.size() - 1);
+    detail::open_index_add(slots, dict.size(), [&](std::size_t j) { return hash(dict[j].first); });
     return dict.back().second;
-  }
-  void place(const Key& k, std::size_t j) {
-    std::size_t i = home(k);
-    while (slots[i] != 0) i = (i + 1) & (slots.size() - 1);
-    slots[i] = static_cast<std::uint32_t>(j + 1);
   }
 };
 

@@ -9,6 +9,12 @@ namespace {
 
 constexpr std::uint64_t kMax32 = 0xffffffffu;
 
+// The zip64 extra field (header, sizes, offset) a member needs, in a local header and in the
+// central directory alike: 0 when neither its size nor its offset reaches 0xFFFFFFFF.
+std::uint64_t zip64_extra(bool big_size, bool big_offset) {
+  return big_size || big_offset ? 4u + (big_size ? 16u : 0u) + (big_offset ? 8u : 0u) : 0u;
+}
+
 class Bytes {
  public:
   void u16(std::uint64_t v) { le(v, 2); }
@@ -42,11 +48,8 @@ std::vector<std::byte> ZipLayout::add(std::string_view record, std::uint64_t siz
   // See spec/FORMATS.md §2.3 for the padding rule (miniz's mz_zip_writer_add_mem_ex_v2 + PyTorch's
   // getPadding): the zip64 part is counted before the FB field.
   std::uint64_t start = cursor + 30 + name.size() + 4;
-  std::uint64_t zip64_len = 0;
-  if (big_size || big_offset) {
-    zip64_len = 4u + (big_size ? 16u : 0u) + (big_offset ? 8u : 0u);
-    start += zip64_len;
-  }
+  const std::uint64_t zip64_len = zip64_extra(big_size, big_offset);
+  start += zip64_len;
   const std::uint64_t pad = (alignment_ - start % alignment_) % alignment_;
   Bytes h;
   h.u32(0x04034b50);
@@ -75,7 +78,7 @@ std::vector<std::byte> ZipLayout::add(std::string_view record, std::uint64_t siz
   h.fill(static_cast<std::size_t>(pad), 'Z');
   const std::uint64_t data_offset = cursor + h.size();
   const std::uint64_t descriptor_size = size == 0 ? 0 : (size >= kMax32 || cursor >= kMax32) ? 24 : 16;
-  directory_size_ += 46 + name.size() + ((big_size || big_offset) ? 4u + (big_size ? 16u : 0u) + (big_offset ? 8u : 0u) : 0u);
+  directory_size_ += 46 + name.size() + zip64_extra(big_size, big_offset);
   if (keep_ == Members::kLast) members_.clear();
   members_.push_back({std::move(name), cursor, data_offset, size});
   end_ = data_offset + size + descriptor_size;
@@ -99,13 +102,6 @@ std::vector<std::byte> ZipLayout::descriptor(std::size_t i, std::uint32_t crc) c
 }
 
 std::uint64_t ZipLayout::trailer_size() const noexcept { return directory_size_ + 56 + 20 + 22; }
-
-std::vector<std::byte> ZipLayout::trailer(std::span<const std::uint32_t> crcs) const {
-  std::vector<std::byte> out;
-  out.reserve(trailer_size());
-  trailer(crcs, [&](std::span<const std::byte> b) { out.insert(out.end(), b.begin(), b.end()); });
-  return out;
-}
 
 void ZipLayout::trailer(std::span<const std::uint32_t> crcs, const std::function<void(std::span<const std::byte>)>& write) const {
   if (keep_ != Members::kAll) internal_error("ZipLayout::trailer: the layout kept only its last member");
@@ -133,7 +129,7 @@ void ZipLayout::trailer(std::span<const std::uint32_t> crcs, const std::function
     cd.u32(big_size ? kMax32 : m.size);
     cd.u32(big_size ? kMax32 : m.size);
     cd.u16(m.name.size());
-    const std::uint64_t extra = (big_size || big_offset) ? 4u + (big_size ? 16u : 0u) + (big_offset ? 8u : 0u) : 0u;
+    const std::uint64_t extra = zip64_extra(big_size, big_offset);
     cd.u16(extra);
     cd.u16(0);  // comment
     cd.u16(0);  // disk

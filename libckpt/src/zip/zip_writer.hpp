@@ -43,9 +43,8 @@ class ZipLayout {
   /// The data descriptor of member `i` (empty for an empty member, as miniz writes none); it goes
   /// at data_offset + size.
   std::vector<std::byte> descriptor(std::size_t i, std::uint32_t crc) const;
-  /// The central directory and end records, which go at end(); `crcs[i]` is member i's CRC-32.
-  std::vector<std::byte> trailer(std::span<const std::uint32_t> crcs) const;
-  /// The same bytes passed to `write` in order, a piece of at most about 64 KiB a call.
+  /// The central directory and end records, which go at end(), passed to `write` in order, a
+  /// piece of at most about 64 KiB a call; `crcs[i]` is member i's CRC-32.
   void trailer(std::span<const std::uint32_t> crcs, const std::function<void(std::span<const std::byte>)>& write) const;
   /// The trailer's size, known from the members' names and offsets (with Members::kLast too).
   std::uint64_t trailer_size() const noexcept;
