@@ -20,8 +20,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/dtype.hpp"
@@ -93,8 +95,11 @@ struct TorchSaveWriteOptions {
 struct TorchSaveRecord {
   std::string name;                        ///< the record, without the archive folder ("data/0")
   std::uint64_t size = 0;
-  std::vector<std::byte> bytes;            ///< literal records
-  std::optional<std::string> storage_key;  ///< storage records: numel × element size bytes
+  std::vector<std::byte> bytes;            ///< a literal record's bytes (none when `written`)
+  bool storage = false;                    ///< a storage record: numel × element size bytes
+  std::optional<std::uint32_t> written;    ///< a literal record whose bytes went out as they were made: their CRC-32
+  /// A storage record's key (its name after "data/"); empty for a literal record.
+  std::string_view storage_key() const noexcept { return storage ? std::string_view(name).substr(5) : std::string_view(); }
 };
 
 /// The records of a torch.save archive of `root`, in archive order, with data.pkl pickled. The
@@ -104,12 +109,15 @@ std::vector<TorchSaveRecord> plan_torch_save(const pickle::Value& root, const To
                                              const std::string& target);
 /// The same for a tree too big to hold at once: each dict named in `streamed` is made batch by
 /// batch while data.pkl is written (pickle::write_streamed), `persistent` the nodes shared
-/// between batches (TorchSaveBuilder::shared_nodes()). The records equal plan_torch_save's of the
-/// whole tree.
+/// between batches (TorchSaveBuilder::shared_nodes()). data.pkl's bytes go to `pkl_out` in order
+/// as they are made, not into its record, which gets their size and CRC-32 (`written`): merge
+/// writes them straight into the output, at a data offset its size does not change (below 4 GiB).
+/// The records equal plan_torch_save's of the whole tree otherwise.
 std::vector<TorchSaveRecord> plan_torch_save_streamed(const pickle::Value& root,
                                                       const std::unordered_map<const pickle::Value*, pickle::DictBatches>& streamed,
                                                       const std::vector<pickle::ValuePtr>& persistent,
-                                                      const TorchSaveWriteOptions& options, const std::string& target);
+                                                      const TorchSaveWriteOptions& options, const std::string& target,
+                                                      const std::function<void(std::span<const std::byte>)>& pkl_out);
 
 /// Writes `root` as a torch.save archive. Each persistent id in the tree must be a torch storage
 /// tuple; `storage_data(key)` gives its bytes, which must hold numel × element size bytes. Records
@@ -120,17 +128,24 @@ void write_torch_save(ByteSink& sink, const pickle::Value& root,
                       const TorchSaveWriteOptions& options = {});
 
 /// Builds object trees of tensors for write_torch_save, the way torch.save pickles them.
+/// Whether a TorchSaveBuilder keeps one key node per storage, shared by its views (torch.save's
+/// bytes: a second view of a storage memo-references its key), or makes one per view. kPerView is
+/// for a builder of very many storages of one view each (merge's output), whose key nodes would
+/// otherwise stay for the builder's life: 100,000 storages kept 8 MB of them. Two views of one
+/// storage then write its key twice, a pickle torch.load reads alike.
+enum class StorageKeys { kShared, kPerView };
+
 class TorchSaveBuilder {
  public:
-  TorchSaveBuilder();
+  explicit TorchSaveBuilder(StorageKeys keys = StorageKeys::kShared);
   /// A storage of `data.size() / element_size(dtype)` elements; returns its index. Its key is
   /// the index in decimal.
   std::size_t add_storage(DType dtype, SourcePtr data);
   /// A storage of `numel` elements whose bytes come later (the copy engine fills them after
   /// plan_torch_save); write() refuses a tree that uses it. Returns its index.
   std::size_t reserve_storage(DType dtype, std::uint64_t numel);
-  /// The record key of storage `storage` ("data/<key>").
-  const std::string& storage_key(std::size_t storage) const;
+  /// The record key of storage `storage` ("data/<key>"): its index in decimal.
+  std::string storage_key(std::size_t storage) const;
   /// A tensor view of storage `storage` (a `_rebuild_tensor_v2`/`_v3` call).
   pickle::ValuePtr tensor(std::size_t storage, std::vector<std::int64_t> shape, std::vector<std::int64_t> stride,
                           std::int64_t storage_offset = 0);
@@ -149,10 +164,13 @@ class TorchSaveBuilder {
     DType dtype;
     std::uint64_t nbytes;
     SourcePtr data;  ///< null for a reserved storage
-    pickle::ValuePtr key;
   };
   pickle::ValuePtr global(const std::string& module, const std::string& name);
+  /// A key node for storage `storage`: its own with StorageKeys::kShared, a new one otherwise.
+  pickle::ValuePtr key(std::size_t storage) const;
+  StorageKeys key_nodes_;
   std::vector<Storage> storages_;
+  std::vector<pickle::ValuePtr> keys_;  ///< StorageKeys::kShared: each storage's key node
   pickle::ValuePtr tag_, location_, hooks_global_;
   /// One node per global (the pickler memoizes globals by name, so sharing them changes no byte).
   std::map<std::string, pickle::ValuePtr, std::less<>> globals_;

@@ -20,13 +20,19 @@ ArchivePlan::ArchivePlan(std::string archive_name, std::vector<TorchSaveRecord> 
   size_ = layout.end() + layout.trailer_size();
 }
 
+std::uint64_t ArchivePlan::first_data_offset(const std::string& archive_name, const std::string& name) {
+  ZipLayout layout(archive_name, 64, 0, ZipLayout::Members::kLast);
+  layout.add(name, 0);
+  return layout.members().back().data_offset;
+}
+
 void ArchivePlan::place_heads(PositionalSink& sink, std::uint64_t base) const {
   ZipLayout layout(archive_, 64, 0, ZipLayout::Members::kLast);
   for (const TorchSaveRecord& r : records_) {
     const std::vector<std::byte> header = layout.add(r.name, r.size);
     const ZipLayout::Member& m = layout.members().back();
     sink.write_at(base + m.header_offset, header);
-    if (!r.storage_key) sink.write_at(base + m.data_offset, r.bytes);
+    if (!r.storage && !r.written) sink.write_at(base + m.data_offset, r.bytes);
   }
 }
 
@@ -35,7 +41,8 @@ void ArchivePlan::place_tail(PositionalSink& sink, std::uint64_t base, std::span
   std::vector<std::uint32_t> crcs(records_.size());
   for (std::size_t i = 0; i < records_.size(); ++i) {
     layout.add(records_[i].name, records_[i].size);
-    crcs[i] = records_[i].storage_key ? storage_crcs[i] : crc32_update(0, records_[i].bytes);
+    const TorchSaveRecord& r = records_[i];
+    crcs[i] = r.storage ? storage_crcs[i] : r.written ? *r.written : crc32_update(0, r.bytes);
     const ZipLayout::Member& m = layout.members().back();
     sink.write_at(base + m.data_offset + m.size, layout.descriptor(i, crcs[i]));
   }
@@ -55,7 +62,8 @@ void ArchivePlan::stream(ByteSink& sink, const StorageWriter& storage) const {
     sink.write(layout.add(r.name, r.size));
     std::uint32_t crc = 0;
     std::uint64_t written = 0;
-    if (r.storage_key) {
+    if (r.written) internal_error("ArchivePlan::stream: data.pkl went out as it was made; there is nothing to stream");
+    if (r.storage) {
       storage(i, [&](std::span<const std::byte> b) {
         crc = crc32_update(crc, b);
         written += b.size();

@@ -23,20 +23,25 @@ class ArchivePlan {
   /// count from its first byte, as in a DCP item).
   ArchivePlan(std::string archive_name, std::vector<TorchSaveRecord> records);
 
+  /// Where an archive's first record's data starts when it is named `name` and smaller than
+  /// 4 GiB (data_offset(0) of such a plan): known before its bytes are made.
+  static std::uint64_t first_data_offset(const std::string& archive_name, const std::string& name);
+
   /// The whole archive's size, central directory included.
   std::uint64_t size() const noexcept { return size_; }
   const std::vector<TorchSaveRecord>& records() const noexcept { return records_; }
   /// Where record `i`'s data starts, from the archive's first byte.
   std::uint64_t data_offset(std::size_t i) const { return data_offsets_.at(i); }
 
-  /// Writes every local header and literal record, the archive starting at `base` of `sink`.
+  /// Writes every local header and literal record (but those `written` already), the archive
+  /// starting at `base` of `sink`.
   void place_heads(PositionalSink& sink, std::uint64_t base) const;
   /// Writes the data descriptors and the central directory once the storages are in place;
   /// `storage_crcs[i]` is record i's CRC-32 where record i is a storage (the rest are ignored).
   void place_tail(PositionalSink& sink, std::uint64_t base, std::span<const std::uint32_t> storage_crcs) const;
 
   /// Writes the archive in order through `sink`; `storage(i, write)` must pass record i's bytes,
-  /// exactly its size in all, to `write`.
+  /// exactly its size in all, to `write`. No record may be `written`.
   using StorageWriter = std::function<void(std::size_t record, const std::function<void(std::span<const std::byte>)>& write)>;
   void stream(ByteSink& sink, const StorageWriter& storage) const;
 

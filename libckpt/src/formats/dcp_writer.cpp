@@ -325,7 +325,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       const DcpPlanTensor& t = plan.tensors[r.index];
       const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
       a.place_heads(*sinks[lay.file], lay.at);
-      for (const TorchSaveRecord& rec : a.records()) total += rec.storage_key ? rec.size : 0;
+      for (const TorchSaveRecord& rec : a.records()) total += rec.storage ? rec.size : 0;
     }
     const std::uint64_t length = extent_of(r).first;
     if (!r.tensor) total += length;
@@ -346,7 +346,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       const DcpPlanTensor& t = plan.tensors[r.index];
       const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
       for (std::size_t i = 0; i < a.records().size(); ++i) {
-        if (a.records()[i].storage_key) plan.add_tasks(out, r.index, r.chunk, make.at + a.data_offset(i), make.group + i, max_task);
+        if (a.records()[i].storage) plan.add_tasks(out, r.index, r.chunk, make.at + a.data_offset(i), make.group + i, max_task);
       }
     }
     for (std::size_t k = first; k < out.size(); ++k) out[k].sink = make.file;

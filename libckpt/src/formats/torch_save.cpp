@@ -8,6 +8,8 @@
 
 #include "ckpt/error.hpp"
 #include "io/cursor.hpp"
+#include "open_index.hpp"
+#include "zip/crc32.hpp"
 #include "zip/zip_reader.hpp"
 #include "zip/zip_writer.hpp"
 
@@ -440,10 +442,28 @@ TorchSaveFile read_torch_save(SourcePtr source) {
 // ---- writing ---------------------------------------------------------------------------------
 
 namespace {
+using OnPersistentId = std::function<void(const pickle::PersistentId&)>;
+
+// The records of a torch.save archive whose data.pkl `pickle_root(on_pid, record)` pickles into
+// its record (bytes, or size and CRC where they went elsewhere), calling on_pid for each
+// persistent id. A storage record is made for each storage key when first met, straight into the
+// one vector the records end in (a second vector of them, sorted and moved, held both at once).
 std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, const std::string& target,
-                                          const std::function<std::vector<std::byte>(const std::function<void(const pickle::PersistentId&)>&)>& pickle_root) {
-  std::vector<TorchSaveRecord> storages;
-  std::unordered_set<std::string> seen;
+                                          const std::function<void(const OnPersistentId&, TorchSaveRecord&)>& pickle_root) {
+  std::vector<TorchSaveRecord> records;
+  auto literal = [&](std::string name, std::string_view text) {
+    const auto b = std::as_bytes(std::span(text.data(), text.size()));
+    records.push_back({std::move(name), b.size(), std::vector<std::byte>(b.begin(), b.end()), false, std::nullopt});
+  };
+  records.push_back({});  // data.pkl, once pickled
+  if (options.layout == TorchSaveLayout::kCurrent) {
+    literal(".format_version", "1");
+    literal(".storage_alignment", "64");
+    literal("byteorder", "little");
+  }
+  const std::size_t first = records.size();
+  std::vector<std::uint32_t> seen;  // NOTE [Open index]: storage records by key
+  auto hash = [&](std::size_t i) { return std::hash<std::string_view>()(records[first + i].storage_key()); };
   auto on_pid = [&](const pickle::PersistentId& p) {
     const auto* pid = p.pid ? p.pid->sequence() : nullptr;
     if (!pid || pid->size() != 5 || !(*pid)[0]->str() || *(*pid)[0]->str() != "storage" || !(*pid)[1]->global() ||
@@ -452,7 +472,8 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
                   "persistent id is not a torch storage tuple ('storage', class, key, location, numel)");
     }
     const std::string& key = *(*pid)[2]->str();
-    if (!seen.insert(key).second) return;
+    const std::size_t h = std::hash<std::string_view>()(key);
+    if (detail::open_index_find(seen, h, [&](std::size_t i) { return records[first + i].storage_key() == key; }) != detail::kNotIndexed) return;
     const pickle::Global* cls = (*pid)[1]->global();
     std::uint64_t es = 1;
     if (cls->kind == GlobalKind::kStorageClass) es = element_size(*dtype_from_storage_class(cls->name));
@@ -461,57 +482,54 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
                   "storage class '" + cls->module + "." + cls->name + "' is not a torch storage class");
     }
     const std::uint64_t size = static_cast<std::uint64_t>(*(*pid)[4]->int64()) * es;
-    storages.push_back({"data/" + key, size, {}, key});
+    records.push_back({"data/" + key, size, {}, true, std::nullopt});
+    detail::open_index_add(seen, records.size() - first, hash);
   };
-  std::vector<std::byte> pkl = pickle_root(on_pid);
-  std::unordered_set<std::string>().swap(seen);  // a key per storage, needed no longer
+  TorchSaveRecord pkl{"data.pkl", 0, {}, false, std::nullopt};  // not records[0]: on_pid grows records
+  pickle_root(on_pid, pkl);
+  records[0] = std::move(pkl);
+  std::vector<std::uint32_t>().swap(seen);
   // torch 1.13 writes storages in sorted(key) order, strings compared ("10" before "2"); torch 2.x
   // with .format_version 1 in numeric key order.
-  auto numeric = [](const std::string& k) {
+  auto numeric = [](std::string_view k) {
     std::uint64_t v = 0;
     auto [p, ec] = std::from_chars(k.data(), k.data() + k.size(), v);
     return std::pair{ec == std::errc() && p == k.data() + k.size() ? 0 : 1, v};
   };
+  const auto storages = records.begin() + static_cast<std::ptrdiff_t>(first);
   if (options.layout == TorchSaveLayout::kTorch113) {
-    std::stable_sort(storages.begin(), storages.end(),
-                     [](const TorchSaveRecord& x, const TorchSaveRecord& y) { return *x.storage_key < *y.storage_key; });
+    std::stable_sort(storages, records.end(), [](const TorchSaveRecord& x, const TorchSaveRecord& y) { return x.storage_key() < y.storage_key(); });
   } else {
-    std::stable_sort(storages.begin(), storages.end(), [&](const TorchSaveRecord& x, const TorchSaveRecord& y) {
-      return numeric(*x.storage_key) < numeric(*y.storage_key);
+    std::stable_sort(storages, records.end(), [&](const TorchSaveRecord& x, const TorchSaveRecord& y) {
+      return numeric(x.storage_key()) < numeric(y.storage_key());
     });
   }
-  std::vector<TorchSaveRecord> records;
-  records.reserve(storages.size() + 6);  // grown by doubling, it held up to twice its size at once
-  auto literal = [&](std::string name, std::string_view text) {
-    const auto b = std::as_bytes(std::span(text.data(), text.size()));
-    records.push_back({std::move(name), b.size(), std::vector<std::byte>(b.begin(), b.end()), std::nullopt});
-  };
-  const std::uint64_t pkl_size = pkl.size();
-  records.push_back({"data.pkl", pkl_size, std::move(pkl), std::nullopt});
-  if (options.layout == TorchSaveLayout::kCurrent) {
-    literal(".format_version", "1");
-    literal(".storage_alignment", "64");
-    literal("byteorder", "little");
-  }
-  for (TorchSaveRecord& r : storages) records.push_back(std::move(r));
-  std::vector<TorchSaveRecord>().swap(storages);
   literal("version", "3\n");
   return records;
 }
 }  // namespace
 
 std::vector<TorchSaveRecord> plan_torch_save(const Value& root, const TorchSaveWriteOptions& options, const std::string& target) {
-  return plan_records(options, target, [&](const auto& on_pid) { return pickle::write(root, 2, on_pid); });
+  return plan_records(options, target, [&](const OnPersistentId& on_pid, TorchSaveRecord& pkl) {
+    pkl.bytes = pickle::write(root, 2, on_pid);
+    pkl.size = pkl.bytes.size();
+  });
 }
 
 std::vector<TorchSaveRecord> plan_torch_save_streamed(const Value& root, const std::unordered_map<const Value*, pickle::DictBatches>& streamed,
                                                       const std::vector<ValuePtr>& persistent, const TorchSaveWriteOptions& options,
-                                                      const std::string& target) {
-  return plan_records(options, target, [&](const auto& on_pid) {
-    std::vector<std::byte> pkl;
-    pickle::write_streamed(root, 2, streamed, [&](std::span<const std::byte> b) { pkl.insert(pkl.end(), b.begin(), b.end()); }, persistent,
-                           on_pid);
-    return pkl;
+                                                      const std::string& target, const std::function<void(std::span<const std::byte>)>& pkl_out) {
+  return plan_records(options, target, [&](const OnPersistentId& on_pid, TorchSaveRecord& pkl) {
+    std::uint32_t crc = 0;
+    pickle::write_streamed(
+        root, 2, streamed,
+        [&](std::span<const std::byte> b) {
+          crc = detail::crc32_update(crc, b);
+          pkl.size += b.size();
+          pkl_out(b);
+        },
+        persistent, on_pid);
+    pkl.written = crc;
   });
 }
 
@@ -520,11 +538,11 @@ void write_torch_save(ByteSink& sink, const Value& root, const std::function<Sou
   const std::vector<TorchSaveRecord> records = plan_torch_save(root, options, sink.name());
   std::vector<SourcePtr> data(records.size());
   for (std::size_t i = 0; i < records.size(); ++i) {
-    if (!records[i].storage_key) continue;
-    data[i] = storage_data(*records[i].storage_key);
+    if (!records[i].storage) continue;
+    data[i] = storage_data(std::string(records[i].storage_key()));
     if (!data[i] || data[i]->size() != records[i].size) {
       throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
-                  "storage '" + *records[i].storage_key + "' needs " + std::to_string(records[i].size) + " bytes, its data has " +
+                  "storage '" + std::string(records[i].storage_key()) + "' needs " + std::to_string(records[i].size) + " bytes, its data has " +
                       (data[i] ? std::to_string(data[i]->size()) : std::string("none")));
     }
   }
@@ -542,8 +560,9 @@ void write_torch_save(ByteSink& sink, const Value& root, const std::function<Sou
   zip.finish();
 }
 
-TorchSaveBuilder::TorchSaveBuilder()
-    : tag_(pickle::make_str("storage")),
+TorchSaveBuilder::TorchSaveBuilder(StorageKeys keys)
+    : key_nodes_(keys),
+      tag_(pickle::make_str("storage")),
       location_(pickle::make_str("cpu")),
       hooks_global_(pickle::make_global("collections", "OrderedDict")) {}
 
@@ -553,16 +572,26 @@ std::size_t TorchSaveBuilder::add_storage(DType dtype, SourcePtr data) {
                 std::to_string(data->size()) + " bytes are not a whole number of " + std::string(name(dtype)) + " elements");
   }
   const std::uint64_t nbytes = data->size();
-  storages_.push_back({dtype, nbytes, std::move(data), pickle::make_str(std::to_string(storages_.size()))});
+  storages_.push_back({dtype, nbytes, std::move(data)});
+  if (key_nodes_ == StorageKeys::kShared) keys_.push_back(key(storages_.size() - 1));
   return storages_.size() - 1;
 }
 
 std::size_t TorchSaveBuilder::reserve_storage(DType dtype, std::uint64_t numel) {
-  storages_.push_back({dtype, numel * element_size(dtype), nullptr, pickle::make_str(std::to_string(storages_.size()))});
+  storages_.push_back({dtype, numel * element_size(dtype), nullptr});
+  if (key_nodes_ == StorageKeys::kShared) keys_.push_back(key(storages_.size() - 1));
   return storages_.size() - 1;
 }
 
-const std::string& TorchSaveBuilder::storage_key(std::size_t storage) const { return *storages_.at(storage).key->str(); }
+std::string TorchSaveBuilder::storage_key(std::size_t storage) const {
+  if (storage >= storages_.size()) internal_error("TorchSaveBuilder::storage_key: no such storage");
+  return std::to_string(storage);
+}
+
+pickle::ValuePtr TorchSaveBuilder::key(std::size_t storage) const {
+  if (storage < keys_.size()) return keys_[storage];
+  return pickle::make_str(std::to_string(storage));
+}
 
 pickle::ValuePtr TorchSaveBuilder::tensor(std::size_t storage, std::vector<std::int64_t> shape) {
   std::vector<std::int64_t> stride(shape.size());
@@ -588,7 +617,7 @@ pickle::ValuePtr TorchSaveBuilder::tensor(std::size_t storage, std::vector<std::
   };
   ValuePtr pid = pickle::make_persistent_id(pickle::make_tuple(
       {tag_, legacy ? global("torch", std::string(di.storage_class)) : global("torch.storage", "UntypedStorage"),
-       s.key, location_, pickle::make_int(legacy ? numel : static_cast<std::int64_t>(s.nbytes))}));
+       key(storage), location_, pickle::make_int(legacy ? numel : static_cast<std::int64_t>(s.nbytes))}));
   std::vector<ValuePtr> args{pid, pickle::make_int(storage_offset), ints(shape), ints(stride), pickle::make_bool(false),
                              pickle::make_object(hooks_global_, pickle::BuildOp::kReduce, pickle::make_tuple())};
   if (!legacy) args.push_back(global("torch", std::string(di.name)));

@@ -361,7 +361,8 @@ class Merger {
 
   const StorageSource& storage_of(const TorchSaveRecord& r) const {
     std::size_t idx = 0;
-    std::from_chars(r.storage_key->data(), r.storage_key->data() + r.storage_key->size(), idx);
+    const std::string_view key = r.storage_key();
+    std::from_chars(key.data(), key.data() + key.size(), idx);
     return storages_.at(idx);
   }
 
@@ -394,9 +395,12 @@ class Merger {
     r.entries.push_back(std::move(e));
   }
 
-  // The torch.save layout of the nested output: data.pkl made, every record placed. The output
-  // tree and its pickle nodes go once it is made (before the copy); only the records stay.
-  detail::ArchivePlan torch_plan() {
+  // The torch.save layout of the nested output, every record placed. data.pkl is pickled batch
+  // by batch straight into `sink` at its data offset (with none, --dry-run, only counted): it is
+  // the first record, so its data offset is known before its size, which changes it only from
+  // 4 GiB up. The output tree and its pickle nodes go once it is made (before the copy); only the
+  // records stay.
+  detail::ArchivePlan torch_plan(PositionalSink* sink) {
     Node root;
     root.kind = Node::kDict;
     const std::string where = (c_.root / ".metadata").string();
@@ -414,16 +418,38 @@ class Merger {
     ValuePtr tree = to_value(root, &streamed);
     std::string archive = output_.stem().string();
     if (archive.empty()) archive = "archive";
-    return detail::ArchivePlan(archive, plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent},
-                                                                 output_.string()));
+    const std::uint64_t pkl_at = detail::ArchivePlan::first_data_offset(archive, "data.pkl");
+    std::uint64_t pkl_end = pkl_at;
+    std::vector<std::byte> pending;  // data.pkl's bytes, written a MiB at a time
+    auto flush = [&] {
+      if (sink && !pending.empty()) sink->write_at(pkl_end - pending.size(), pending);
+      pending.clear();
+    };
+    std::vector<TorchSaveRecord> records =
+        plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent}, output_.string(),
+                                 [&](std::span<const std::byte> b) {
+                                   pkl_end += b.size();
+                                   if (!sink) return;
+                                   pending.insert(pending.end(), b.begin(), b.end());
+                                   if (pending.size() >= (std::size_t{1} << 20)) flush();
+                                 });
+    flush();
+    detail::ArchivePlan plan(archive, std::move(records));
+    if (plan.data_offset(0) != pkl_at) {
+      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt,
+                  "data.pkl came to " + std::to_string(pkl_end - pkl_at) + " bytes; one of 4 GiB or more is not supported");
+    }
+    return plan;
   }
 
   MergeResult torch(bool dry_run) {
-    const detail::ArchivePlan plan = torch_plan();
+    std::unique_ptr<PositionalSink> sink;
+    if (!dry_run) sink = open_positional_sink(output_, o_.overwrite);
+    const detail::ArchivePlan plan = torch_plan(sink.get());
     const std::vector<TorchSaveRecord>& records = plan.records();
     std::uint64_t data_bytes = 0;
     for (std::size_t i = 0; i < records.size(); ++i) {
-      if (records[i].storage_key) data_bytes += records[i].size;
+      if (records[i].storage) data_bytes += records[i].size;
     }
     const std::uint64_t total = plan.size();
 
@@ -438,14 +464,13 @@ class Merger {
     result.dropped = dropped_;
     if (dry_run) return result;
 
-    auto sink = open_positional_sink(output_, o_.overwrite);
     sink->resize(total);
     plan.place_heads(*sink, 0);
     // A storage record's tasks are made when the engine needs them (NOTE [Tasks made as they are needed]).
     std::size_t i = 0;
     const TaskSource next = [&](std::vector<CopyTask>& out) {
       for (; i < records.size(); ++i) {
-        if (!records[i].storage_key) continue;
+        if (!records[i].storage) continue;
         const StorageSource& s = storage_of(records[i]);
         if (s.tensor) {
           detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), i, task_bytes_);
@@ -628,7 +653,7 @@ class Merger {
   std::vector<ValuePtr> values_;  ///< objects' and meta.pt entries' values, storages already renumbered
   std::deque<std::string> meta_names_;  ///< the names of kMeta leaves (a deque: they never move)
   std::size_t dropped_ = 0;
-  TorchSaveBuilder builder_;
+  TorchSaveBuilder builder_{StorageKeys::kPerView};  // one view a storage
   std::vector<StorageSource> storages_;
   std::uint64_t task_bytes_ = task_bytes(o_.threads);
 };
