@@ -4,6 +4,10 @@
 #include <csignal>
 #include <iostream>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "ckpt/copy.hpp"
 
 #include "ckpt/error.hpp"
@@ -22,6 +26,12 @@ int run_tool(std::string_view program, const std::function<int()>& body) {
     std::cerr << program << ": error: " << ckpt::escape_name(e.what()) << "\n";
   }
   return 1;
+}
+
+void map_large_blocks() {
+#if defined(__GLIBC__)
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);  // a fixed threshold: glibc no longer raises it
+#endif
 }
 
 void cancel_on_signals() {

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   fsdp_tools::InspectCliOptions options;
   auto app = fsdp_tools::make_inspect_app(options);
   if (auto code = fsdp_tools::parse(*app.app, argc, argv)) return *code;
+  fsdp_tools::map_large_blocks();
   return fsdp_tools::run_tool("fsdp-ckpt-inspect", [&] {
     fsdp_tools::ProgressBar progress(options.quiet || options.json);
     switch (app.command()) {

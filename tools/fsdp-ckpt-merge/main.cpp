@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   merge.task_delay_ms = fsdp_tools::test_hooks_from_environment();
   const fsdp_tools::WriteFlags& flags = options.flags;
   fsdp_tools::cancel_on_signals();
+  fsdp_tools::map_large_blocks();
   return fsdp_tools::run_tool("fsdp-ckpt-merge", [&] {
     fsdp_tools::ProgressBar progress(flags.quiet || flags.dry_run);
     merge.progress = &progress;

@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   shard.task_delay_ms = fsdp_tools::test_hooks_from_environment();
   const fsdp_tools::WriteFlags& flags = options.flags;
   fsdp_tools::cancel_on_signals();
+  fsdp_tools::map_large_blocks();
   return fsdp_tools::run_tool("fsdp-ckpt-shard", [&] {
     fsdp_tools::ProgressBar progress(flags.quiet || flags.dry_run);
     shard.progress = &progress;
