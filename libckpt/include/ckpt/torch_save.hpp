@@ -92,32 +92,83 @@ struct TorchSaveWriteOptions {
 
 /// One member of a torch.save archive as it will be written: literal bytes (data.pkl, version,
 /// ...) or a storage whose bytes come from elsewhere.
+/// One record of a torch.save archive, seen in place (TorchSaveRecords).
 struct TorchSaveRecord {
-  std::string name;                        ///< the record, without the archive folder ("data/0")
+  std::string_view name;                   ///< the record, without the archive folder ("data/0")
   std::uint64_t size = 0;
-  std::vector<std::byte> bytes;            ///< a literal record's bytes (none when `written`)
+  std::span<const std::byte> bytes;        ///< a literal record's bytes (none when `written`)
   bool storage = false;                    ///< a storage record: numel × element size bytes
   std::optional<std::uint32_t> written;    ///< a literal record whose bytes went out as they were made: their CRC-32
   /// A storage record's key (its name after "data/"); empty for a literal record.
-  std::string_view storage_key() const noexcept { return storage ? std::string_view(name).substr(5) : std::string_view(); }
+  std::string_view storage_key() const noexcept { return storage ? name.substr(5) : std::string_view(); }
+};
+
+/// The records of a torch.save archive in archive order: data.pkl and the other literal records
+/// before the storages, a storage record per storage, and `version`. A storage record is its size
+/// and its name in one shared text, about 24 bytes: 100,000 of them as structs of strings and
+/// vectors held 8 MB, for as long as a merge's copy ran.
+class TorchSaveRecords {
+ public:
+  std::size_t size() const noexcept { return head_.size() + sizes_.size() + tail_.size(); }
+  TorchSaveRecord operator[](std::size_t i) const;
+
+  /// A literal record: before the storages while there are none, after them once there are.
+  void add_literal(std::string name, std::vector<std::byte> bytes, std::optional<std::uint32_t> written = std::nullopt,
+                   std::uint64_t size = 0);
+  /// A storage record "data/<key>", unless there is one of that key already (false then).
+  bool add_storage(std::string_view key, std::uint64_t size);
+  /// Orders the storage records by `less` on their keys.
+  void sort_storages(const std::function<bool(std::string_view, std::string_view)>& less);
+  /// Replaces literal record `i`'s bytes or, where they went out already, its size and CRC.
+  void set_literal(std::size_t i, std::vector<std::byte> bytes, std::optional<std::uint32_t> written = std::nullopt,
+                   std::uint64_t size = 0);
+
+  class Iterator {
+   public:
+    Iterator(const TorchSaveRecords* r, std::size_t i) : r_(r), i_(i) {}
+    TorchSaveRecord operator*() const { return (*r_)[i_]; }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator==(const Iterator& o) const { return i_ == o.i_; }
+
+   private:
+    const TorchSaveRecords* r_;
+    std::size_t i_;
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size()}; }
+
+ private:
+  struct Literal {
+    std::string name;
+    std::vector<std::byte> bytes;
+    std::optional<std::uint32_t> written;
+    std::uint64_t size = 0;
+  };
+  std::string_view storage_name(std::size_t s) const;
+  std::vector<Literal> head_, tail_;
+  std::vector<std::uint64_t> sizes_;
+  std::vector<std::uint32_t> name_ends_;  ///< into names_
+  std::string names_;                     ///< "data/0data/1..."
+  std::vector<std::uint32_t> slots_;      ///< the storages by key (NOTE [Open index])
 };
 
 /// The records of a torch.save archive of `root`, in archive order, with data.pkl pickled. The
 /// copy engine lays them out with the zip layout and fills the storages; write_torch_save writes
 /// them in order. `target` names the output in errors. Throws as write_torch_save does.
-std::vector<TorchSaveRecord> plan_torch_save(const pickle::Value& root, const TorchSaveWriteOptions& options,
-                                             const std::string& target);
+TorchSaveRecords plan_torch_save(const pickle::Value& root, const TorchSaveWriteOptions& options, const std::string& target);
 /// The same for a tree too big to hold at once: each dict named in `streamed` is made batch by
 /// batch while data.pkl is written (pickle::write_streamed), `persistent` the nodes shared
 /// between batches (TorchSaveBuilder::shared_nodes()). data.pkl's bytes go to `pkl_out` in order
 /// as they are made, not into its record, which gets their size and CRC-32 (`written`): merge
 /// writes them straight into the output, at a data offset its size does not change (below 4 GiB).
 /// The records equal plan_torch_save's of the whole tree otherwise.
-std::vector<TorchSaveRecord> plan_torch_save_streamed(const pickle::Value& root,
-                                                      const std::unordered_map<const pickle::Value*, pickle::DictBatches>& streamed,
-                                                      const std::vector<pickle::ValuePtr>& persistent,
-                                                      const TorchSaveWriteOptions& options, const std::string& target,
-                                                      const std::function<void(std::span<const std::byte>)>& pkl_out);
+TorchSaveRecords plan_torch_save_streamed(const pickle::Value& root,
+                                          const std::unordered_map<const pickle::Value*, pickle::DictBatches>& streamed,
+                                          const std::vector<pickle::ValuePtr>& persistent, const TorchSaveWriteOptions& options,
+                                          const std::string& target, const std::function<void(std::span<const std::byte>)>& pkl_out);
 
 /// Writes `root` as a torch.save archive. Each persistent id in the tree must be a torch storage
 /// tuple; `storage_data(key)` gives its bytes, which must hold numel × element size bytes. Records

@@ -7,13 +7,13 @@
 
 namespace ckpt::detail {
 
-ArchivePlan::ArchivePlan(std::string archive_name, std::vector<TorchSaveRecord> records)
+ArchivePlan::ArchivePlan(std::string archive_name, TorchSaveRecords records)
     : archive_(std::move(archive_name)), records_(std::move(records)) {
   // The layout is cheap to rebuild, so only the offsets are kept (a DCP directory may hold
   // hundreds of thousands of items).
   ZipLayout layout(archive_, 64, 0, ZipLayout::Members::kLast);
   data_offsets_.reserve(records_.size());
-  for (const TorchSaveRecord& r : records_) {
+  for (const TorchSaveRecord r : records_) {
     layout.add(r.name, r.size);
     data_offsets_.push_back(layout.members().back().data_offset);
   }
@@ -28,7 +28,7 @@ std::uint64_t ArchivePlan::first_data_offset(const std::string& archive_name, co
 
 void ArchivePlan::place_heads(PositionalSink& sink, std::uint64_t base) const {
   ZipLayout layout(archive_, 64, 0, ZipLayout::Members::kLast);
-  for (const TorchSaveRecord& r : records_) {
+  for (const TorchSaveRecord r : records_) {
     const std::vector<std::byte> header = layout.add(r.name, r.size);
     const ZipLayout::Member& m = layout.members().back();
     sink.write_at(base + m.header_offset, header);

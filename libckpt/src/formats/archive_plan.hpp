@@ -21,7 +21,7 @@ class ArchivePlan {
  public:
   /// `records` as plan_torch_save gives them; the archive starts at offset 0 (offsets inside it
   /// count from its first byte, as in a DCP item).
-  ArchivePlan(std::string archive_name, std::vector<TorchSaveRecord> records);
+  ArchivePlan(std::string archive_name, TorchSaveRecords records);
 
   /// Where an archive's first record's data starts when it is named `name` and smaller than
   /// 4 GiB (data_offset(0) of such a plan): known before its bytes are made.
@@ -29,7 +29,7 @@ class ArchivePlan {
 
   /// The whole archive's size, central directory included.
   std::uint64_t size() const noexcept { return size_; }
-  const std::vector<TorchSaveRecord>& records() const noexcept { return records_; }
+  const TorchSaveRecords& records() const noexcept { return records_; }
   /// Where record `i`'s data starts, from the archive's first byte.
   std::uint64_t data_offset(std::size_t i) const { return data_offsets_.at(i); }
 
@@ -47,7 +47,7 @@ class ArchivePlan {
 
  private:
   std::string archive_;
-  std::vector<TorchSaveRecord> records_;
+  TorchSaveRecords records_;
   std::vector<std::uint64_t> data_offsets_;
   std::uint64_t size_ = 0;
 };

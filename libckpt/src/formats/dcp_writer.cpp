@@ -325,7 +325,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       const DcpPlanTensor& t = plan.tensors[r.index];
       const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
       a.place_heads(*sinks[lay.file], lay.at);
-      for (const TorchSaveRecord& rec : a.records()) total += rec.storage ? rec.size : 0;
+      for (const TorchSaveRecord rec : a.records()) total += rec.storage ? rec.size : 0;
     }
     const std::uint64_t length = extent_of(r).first;
     if (!r.tensor) total += length;

@@ -441,29 +441,87 @@ TorchSaveFile read_torch_save(SourcePtr source) {
 
 // ---- writing ---------------------------------------------------------------------------------
 
+TorchSaveRecord TorchSaveRecords::operator[](std::size_t i) const {
+  auto literal = [](const Literal& l) {
+    return TorchSaveRecord{l.name, l.written ? l.size : l.bytes.size(), l.bytes, false, l.written};
+  };
+  if (i < head_.size()) return literal(head_[i]);
+  i -= head_.size();
+  if (i < sizes_.size()) return TorchSaveRecord{storage_name(i), sizes_[i], {}, true, std::nullopt};
+  return literal(tail_.at(i - sizes_.size()));
+}
+
+std::string_view TorchSaveRecords::storage_name(std::size_t s) const {
+  const std::size_t begin = s == 0 ? 0 : name_ends_[s - 1];
+  return std::string_view(names_).substr(begin, name_ends_[s] - begin);
+}
+
+void TorchSaveRecords::add_literal(std::string name, std::vector<std::byte> bytes, std::optional<std::uint32_t> written, std::uint64_t size) {
+  (sizes_.empty() ? head_ : tail_).push_back({std::move(name), std::move(bytes), written, size});
+}
+
+void TorchSaveRecords::set_literal(std::size_t i, std::vector<std::byte> bytes, std::optional<std::uint32_t> written, std::uint64_t size) {
+  Literal& l = i < head_.size() ? head_[i] : tail_.at(i - head_.size() - sizes_.size());
+  l.bytes = std::move(bytes);
+  l.written = written;
+  l.size = size;
+}
+
+bool TorchSaveRecords::add_storage(std::string_view key, std::uint64_t size) {
+  auto hash = [](std::string_view k) { return std::hash<std::string_view>()(k); };
+  auto key_of = [&](std::size_t s) { return storage_name(s).substr(5); };
+  if (detail::open_index_find(slots_, hash(key), [&](std::size_t s) { return key_of(s) == key; }) != detail::kNotIndexed) return false;
+  if (!tail_.empty()) internal_error("TorchSaveRecords: a storage record after the last literal one");
+  if (names_.size() + 5 + key.size() > 0xffffffffu) throw std::length_error("torch.save record names past 4 GiB");
+  names_ += "data/";
+  names_ += key;
+  name_ends_.push_back(static_cast<std::uint32_t>(names_.size()));
+  sizes_.push_back(size);
+  detail::open_index_add(slots_, sizes_.size(), [&](std::size_t s) { return hash(key_of(s)); });
+  return true;
+}
+
+void TorchSaveRecords::sort_storages(const std::function<bool(std::string_view, std::string_view)>& less) {
+  std::vector<std::uint32_t> order(sizes_.size());
+  for (std::size_t s = 0; s < order.size(); ++s) order[s] = static_cast<std::uint32_t>(s);
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t x, std::uint32_t y) {
+    return less(storage_name(x).substr(5), storage_name(y).substr(5));
+  });
+  std::string names;
+  names.reserve(names_.size());
+  std::vector<std::uint32_t> ends(order.size());
+  std::vector<std::uint64_t> sizes(order.size());
+  for (std::size_t s = 0; s < order.size(); ++s) {
+    names += storage_name(order[s]);
+    ends[s] = static_cast<std::uint32_t>(names.size());
+    sizes[s] = sizes_[order[s]];
+  }
+  names_ = std::move(names);
+  name_ends_ = std::move(ends);
+  sizes_ = std::move(sizes);
+  std::vector<std::uint32_t>().swap(slots_);  // keys are looked up only while records are added
+}
+
 namespace {
 using OnPersistentId = std::function<void(const pickle::PersistentId&)>;
 
-// The records of a torch.save archive whose data.pkl `pickle_root(on_pid, record)` pickles into
-// its record (bytes, or size and CRC where they went elsewhere), calling on_pid for each
-// persistent id. A storage record is made for each storage key when first met, straight into the
-// one vector the records end in (a second vector of them, sorted and moved, held both at once).
-std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, const std::string& target,
-                                          const std::function<void(const OnPersistentId&, TorchSaveRecord&)>& pickle_root) {
-  std::vector<TorchSaveRecord> records;
-  auto literal = [&](std::string name, std::string_view text) {
-    const auto b = std::as_bytes(std::span(text.data(), text.size()));
-    records.push_back({std::move(name), b.size(), std::vector<std::byte>(b.begin(), b.end()), false, std::nullopt});
-  };
-  records.push_back({});  // data.pkl, once pickled
+std::vector<std::byte> text_bytes(std::string_view text) {
+  const auto b = std::as_bytes(std::span(text.data(), text.size()));
+  return {b.begin(), b.end()};
+}
+
+// The records of a torch.save archive whose data.pkl `pickle_root(on_pid, records)` pickles into
+// record 0 (TorchSaveRecords::set_literal), calling on_pid for each persistent id; a storage
+// record is made for each storage key when first met.
+TorchSaveRecords plan_records(const TorchSaveWriteOptions& options, const std::string& target,
+                              const std::function<void(const OnPersistentId&, TorchSaveRecords&)>& pickle_root) {
+  TorchSaveRecords records;
+  records.add_literal("data.pkl", {});
   if (options.layout == TorchSaveLayout::kCurrent) {
-    literal(".format_version", "1");
-    literal(".storage_alignment", "64");
-    literal("byteorder", "little");
+    records.add_literal(".format_version", text_bytes("1"));
+    records.add_literal(".storage_alignment", text_bytes("64"));
+    records.add_literal("byteorder", text_bytes("little"));
   }
-  const std::size_t first = records.size();
-  std::vector<std::uint32_t> seen;  // NOTE [Open index]: storage records by key
-  auto hash = [&](std::size_t i) { return std::hash<std::string_view>()(records[first + i].storage_key()); };
   auto on_pid = [&](const pickle::PersistentId& p) {
     const auto* pid = p.pid ? p.pid->sequence() : nullptr;
     if (!pid || pid->size() != 5 || !(*pid)[0]->str() || *(*pid)[0]->str() != "storage" || !(*pid)[1]->global() ||
@@ -471,9 +529,6 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
       throw Error(ErrorKind::kInvalidArgument, target, std::nullopt,
                   "persistent id is not a torch storage tuple ('storage', class, key, location, numel)");
     }
-    const std::string& key = *(*pid)[2]->str();
-    const std::size_t h = std::hash<std::string_view>()(key);
-    if (detail::open_index_find(seen, h, [&](std::size_t i) { return records[first + i].storage_key() == key; }) != detail::kNotIndexed) return;
     const pickle::Global* cls = (*pid)[1]->global();
     std::uint64_t es = 1;
     if (cls->kind == GlobalKind::kStorageClass) es = element_size(*dtype_from_storage_class(cls->name));
@@ -481,14 +536,9 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
       throw Error(ErrorKind::kInvalidArgument, target, std::nullopt,
                   "storage class '" + cls->module + "." + cls->name + "' is not a torch storage class");
     }
-    const std::uint64_t size = static_cast<std::uint64_t>(*(*pid)[4]->int64()) * es;
-    records.push_back({"data/" + key, size, {}, true, std::nullopt});
-    detail::open_index_add(seen, records.size() - first, hash);
+    records.add_storage(*(*pid)[2]->str(), static_cast<std::uint64_t>(*(*pid)[4]->int64()) * es);
   };
-  TorchSaveRecord pkl{"data.pkl", 0, {}, false, std::nullopt};  // not records[0]: on_pid grows records
-  pickle_root(on_pid, pkl);
-  records[0] = std::move(pkl);
-  std::vector<std::uint32_t>().swap(seen);
+  pickle_root(on_pid, records);
   // torch 1.13 writes storages in sorted(key) order, strings compared ("10" before "2"); torch 2.x
   // with .format_version 1 in numeric key order.
   auto numeric = [](std::string_view k) {
@@ -496,59 +546,57 @@ std::vector<TorchSaveRecord> plan_records(const TorchSaveWriteOptions& options, 
     auto [p, ec] = std::from_chars(k.data(), k.data() + k.size(), v);
     return std::pair{ec == std::errc() && p == k.data() + k.size() ? 0 : 1, v};
   };
-  const auto storages = records.begin() + static_cast<std::ptrdiff_t>(first);
   if (options.layout == TorchSaveLayout::kTorch113) {
-    std::stable_sort(storages, records.end(), [](const TorchSaveRecord& x, const TorchSaveRecord& y) { return x.storage_key() < y.storage_key(); });
+    records.sort_storages([](std::string_view x, std::string_view y) { return x < y; });
   } else {
-    std::stable_sort(storages, records.end(), [&](const TorchSaveRecord& x, const TorchSaveRecord& y) {
-      return numeric(x.storage_key()) < numeric(y.storage_key());
-    });
+    records.sort_storages([&](std::string_view x, std::string_view y) { return numeric(x) < numeric(y); });
   }
-  literal("version", "3\n");
+  records.add_literal("version", text_bytes("3\n"));
   return records;
 }
 }  // namespace
 
-std::vector<TorchSaveRecord> plan_torch_save(const Value& root, const TorchSaveWriteOptions& options, const std::string& target) {
-  return plan_records(options, target, [&](const OnPersistentId& on_pid, TorchSaveRecord& pkl) {
-    pkl.bytes = pickle::write(root, 2, on_pid);
-    pkl.size = pkl.bytes.size();
+TorchSaveRecords plan_torch_save(const Value& root, const TorchSaveWriteOptions& options, const std::string& target) {
+  return plan_records(options, target, [&](const OnPersistentId& on_pid, TorchSaveRecords& records) {
+    records.set_literal(0, pickle::write(root, 2, on_pid));
   });
 }
 
-std::vector<TorchSaveRecord> plan_torch_save_streamed(const Value& root, const std::unordered_map<const Value*, pickle::DictBatches>& streamed,
-                                                      const std::vector<ValuePtr>& persistent, const TorchSaveWriteOptions& options,
-                                                      const std::string& target, const std::function<void(std::span<const std::byte>)>& pkl_out) {
-  return plan_records(options, target, [&](const OnPersistentId& on_pid, TorchSaveRecord& pkl) {
+TorchSaveRecords plan_torch_save_streamed(const Value& root, const std::unordered_map<const Value*, pickle::DictBatches>& streamed,
+                                          const std::vector<ValuePtr>& persistent, const TorchSaveWriteOptions& options,
+                                          const std::string& target, const std::function<void(std::span<const std::byte>)>& pkl_out) {
+  return plan_records(options, target, [&](const OnPersistentId& on_pid, TorchSaveRecords& records) {
     std::uint32_t crc = 0;
+    std::uint64_t size = 0;
     pickle::write_streamed(
         root, 2, streamed,
         [&](std::span<const std::byte> b) {
           crc = detail::crc32_update(crc, b);
-          pkl.size += b.size();
+          size += b.size();
           pkl_out(b);
         },
         persistent, on_pid);
-    pkl.written = crc;
+    records.set_literal(0, {}, crc, size);
   });
 }
 
 void write_torch_save(ByteSink& sink, const Value& root, const std::function<SourcePtr(const std::string&)>& storage_data,
                       const TorchSaveWriteOptions& options) {
-  const std::vector<TorchSaveRecord> records = plan_torch_save(root, options, sink.name());
+  const TorchSaveRecords records = plan_torch_save(root, options, sink.name());
   std::vector<SourcePtr> data(records.size());
   for (std::size_t i = 0; i < records.size(); ++i) {
-    if (!records[i].storage) continue;
-    data[i] = storage_data(std::string(records[i].storage_key()));
-    if (!data[i] || data[i]->size() != records[i].size) {
+    const TorchSaveRecord r = records[i];
+    if (!r.storage) continue;
+    data[i] = storage_data(std::string(r.storage_key()));
+    if (!data[i] || data[i]->size() != r.size) {
       throw Error(ErrorKind::kInvalidArgument, sink.name(), std::nullopt,
-                  "storage '" + std::string(records[i].storage_key()) + "' needs " + std::to_string(records[i].size) + " bytes, its data has " +
+                  "storage '" + std::string(r.storage_key()) + "' needs " + std::to_string(r.size) + " bytes, its data has " +
                       (data[i] ? std::to_string(data[i]->size()) : std::string("none")));
     }
   }
   detail::ZipWriter zip(sink, options.archive_name);
   for (std::size_t i = 0; i < records.size(); ++i) {
-    const TorchSaveRecord& r = records[i];
+    const TorchSaveRecord r = records[i];
     if (!data[i]) {
       zip.add(r.name, r.bytes);
       continue;

@@ -414,6 +414,8 @@ class Merger {
       }
       set_element(root, l, path(l), leaves_.size(), where);
     }
+    const auto ntensors = static_cast<std::size_t>(std::count_if(leaves_.begin(), leaves_.end(), [](const Leaf& l) { return l.kind == Leaf::kTensor; }));
+    storages_.reserve(ntensors);
     std::unordered_map<const Value*, pickle::DictBatches> streamed;
     ValuePtr tree = to_value(root, &streamed);
     std::string archive = output_.stem().string();
@@ -425,7 +427,7 @@ class Merger {
       if (sink && !pending.empty()) sink->write_at(pkl_end - pending.size(), pending);
       pending.clear();
     };
-    std::vector<TorchSaveRecord> records =
+    TorchSaveRecords records =
         plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent}, output_.string(),
                                  [&](std::span<const std::byte> b) {
                                    pkl_end += b.size();
@@ -446,7 +448,7 @@ class Merger {
     std::unique_ptr<PositionalSink> sink;
     if (!dry_run) sink = open_positional_sink(output_, o_.overwrite);
     const detail::ArchivePlan plan = torch_plan(sink.get());
-    const std::vector<TorchSaveRecord>& records = plan.records();
+    const TorchSaveRecords& records = plan.records();
     std::uint64_t data_bytes = 0;
     for (std::size_t i = 0; i < records.size(); ++i) {
       if (records[i].storage) data_bytes += records[i].size;
