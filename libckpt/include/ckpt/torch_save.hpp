@@ -212,15 +212,15 @@ class TorchSaveBuilder {
 
  private:
   struct Storage {
-    DType dtype;
     std::uint64_t nbytes;
-    SourcePtr data;  ///< null for a reserved storage
+    DType dtype;
   };
   pickle::ValuePtr global(const std::string& module, const std::string& name);
   /// A key node for storage `storage`: its own with StorageKeys::kShared, a new one otherwise.
   pickle::ValuePtr key(std::size_t storage) const;
   StorageKeys key_nodes_;
   std::vector<Storage> storages_;
+  std::vector<SourcePtr> data_;  ///< storage i's bytes, when i < size and it was added, not reserved
   std::vector<pickle::ValuePtr> keys_;  ///< StorageKeys::kShared: each storage's key node
   pickle::ValuePtr tag_, location_, hooks_global_;
   /// One node per global (the pickler memoizes globals by name, so sharing them changes no byte).

@@ -620,13 +620,15 @@ std::size_t TorchSaveBuilder::add_storage(DType dtype, SourcePtr data) {
                 std::to_string(data->size()) + " bytes are not a whole number of " + std::string(name(dtype)) + " elements");
   }
   const std::uint64_t nbytes = data->size();
-  storages_.push_back({dtype, nbytes, std::move(data)});
+  storages_.push_back({nbytes, dtype});
+  data_.resize(storages_.size());
+  data_.back() = std::move(data);
   if (key_nodes_ == StorageKeys::kShared) keys_.push_back(key(storages_.size() - 1));
   return storages_.size() - 1;
 }
 
 std::size_t TorchSaveBuilder::reserve_storage(DType dtype, std::uint64_t numel) {
-  storages_.push_back({dtype, numel * element_size(dtype), nullptr});
+  storages_.push_back({numel * element_size(dtype), dtype});
   if (key_nodes_ == StorageKeys::kShared) keys_.push_back(key(storages_.size() - 1));
   return storages_.size() - 1;
 }
@@ -693,7 +695,7 @@ void TorchSaveBuilder::write(ByteSink& sink, const Value& root, const TorchSaveW
         std::size_t i = 0;
         auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), i);
         if (ec != std::errc() || p != key.data() + key.size() || i >= storages_.size()) return nullptr;
-        return storages_[i].data;
+        return i < data_.size() ? data_[i] : nullptr;
       },
       options);
 }

@@ -43,6 +43,32 @@ struct Key {
   std::string display() const { return is_int ? std::to_string(index) : std::string(text); }
 };
 
+// A Key as the output tree keeps it, in 16 bytes where a Key takes 32 (there is one per node of
+// the output: 100,000 of them in a state dict of 100,000 tensors).
+class PackedKey {
+ public:
+  explicit PackedKey(const Key& k) {
+    if (k.is_int) {
+      u_.index = k.index;
+      size_ = kInt;
+      return;
+    }
+    if (k.text.size() >= kInt) throw std::length_error("a key of 4 GiB");
+    u_.text = k.text.data();
+    size_ = static_cast<std::uint32_t>(k.text.size());
+  }
+  Key key() const { return size_ == kInt ? Key{true, {}, u_.index} : Key{false, {u_.text, size_}, 0}; }
+
+ private:
+  static constexpr std::uint32_t kInt = 0xffffffffu;
+  union {
+    const char* text;
+    std::int64_t index;
+  } u_{};
+  std::uint32_t size_ = 0;
+};
+static_assert(sizeof(PackedKey) == 16);
+
 // One entry to write, 40 bytes. Its key path is made when it is asked for (Merger::path): kept,
 // the paths of 100,000 leaves held 6 MB; the value of an object is kept beside (Merger::values_).
 struct Leaf {
@@ -57,12 +83,13 @@ struct Leaf {
 };
 static_assert(sizeof(Leaf) <= 40);
 
-// Where a storage of the output comes from.
+// Where a storage of the output comes from, in 16 bytes (there is one per tensor).
 struct StorageSource {
   const TensorEntry* tensor = nullptr;  // assembled from its chunks, as `out`
   DType out{};
-  SourcePtr raw;                         // or copied as it is (tensors inside objects)
+  std::uint32_t raw = 0;                // or, without a tensor, copied as Merger::raws_[raw] is (tensors inside objects)
 };
+static_assert(sizeof(StorageSource) <= 16);
 
 // The nested output, built with torch's _traverse.set_element rules. A node is 24 bytes and holds
 // its children, when it has any, out of line: a state dict of 100,000 tensors is 100,000 leaves
@@ -80,12 +107,12 @@ struct Node {
   Node& add(const Key& k);
   /// A list's child `i`, the list grown with None nodes to hold it.
   Node& at(std::size_t i);
-  std::span<std::pair<Key, Node>> dict() const;
+  std::span<std::pair<PackedKey, Node>> dict() const;
   std::span<Node> list() const;
 };
 
 struct Node::Children {
-  std::vector<std::pair<Key, Node>> dict;  ///< in insertion order, as a Python dict
+  std::vector<std::pair<PackedKey, Node>> dict;  ///< in insertion order, as a Python dict
   std::vector<Node> list;
   std::vector<std::uint32_t> slots;        ///< the dict's keys' indices, hashed (NOTE [Open index])
 
@@ -93,12 +120,12 @@ struct Node::Children {
     return k.is_int ? std::hash<std::int64_t>{}(k.index) * 0x9e3779b97f4a7c15ull : std::hash<std::string_view>{}(k.text);
   }
   Node* find(const Key& k) {
-    const std::size_t i = detail::open_index_find(slots, hash(k), [&](std::size_t j) { return dict[j].first == k; });
+    const std::size_t i = detail::open_index_find(slots, hash(k), [&](std::size_t j) { return dict[j].first.key() == k; });
     return i == detail::kNotIndexed ? nullptr : &dict[i].second;
   }
   Node& add(const Key& k) {
-    dict.emplace_back(k, Node{});
-    detail::open_index_add(slots, dict.size(), [&](std::size_t j) { return hash(dict[j].first); });
+    dict.emplace_back(PackedKey(k), Node{});
+    detail::open_index_add(slots, dict.size(), [&](std::size_t j) { return hash(dict[j].first.key()); });
     return dict.back().second;
   }
 };
@@ -113,7 +140,7 @@ Node& Node::at(std::size_t i) {
   if (c->list.size() <= i) c->list.resize(i + 1);
   return c->list[i];
 }
-std::span<std::pair<Key, Node>> Node::dict() const { return c ? std::span(c->dict) : std::span<std::pair<Key, Node>>(); }
+std::span<std::pair<PackedKey, Node>> Node::dict() const { return c ? std::span(c->dict) : std::span<std::pair<PackedKey, Node>>(); }
 std::span<Node> Node::list() const { return c ? std::span(c->list) : std::span<Node>(); }
 
 std::string path_text(const std::vector<Key>& path) {
@@ -302,7 +329,9 @@ class Merger {
       const std::size_t idx = builder_.reserve_storage(s.dtype, s.numel);
       keys[s.key] = builder_.storage_key(idx);
       storages_.resize(idx + 1);
-      storages_[idx].raw = s.data;
+      if (raws_.size() >= 0xffffffffu) throw std::length_error("more than 2^32 storages inside objects");
+      storages_[idx].raw = static_cast<std::uint32_t>(raws_.size());
+      raws_.push_back(s.data);
     }
     return pickle::rebuild(f.root, [&](const Value& v) -> ValuePtr {
       const auto* p = v.get_if<pickle::PersistentId>();
@@ -327,18 +356,18 @@ class Merger {
     switch (n.kind) {
       case Node::kNone: return pickle::make_none();
       case Node::kDict: {
-        const std::span<std::pair<Key, Node>> dict = n.dict();
+        const std::span<std::pair<PackedKey, Node>> dict = n.dict();
         if (streamed && dict.size() > kBatch) {
           ValuePtr placeholder = pickle::make_dict({});
           streamed->emplace(placeholder.get(), [this, dict, key](std::size_t done) {
             std::vector<std::pair<ValuePtr, ValuePtr>> items;
-            for (std::size_t i = done; i < dict.size() && i < done + kBatch; ++i) items.emplace_back(key(dict[i].first), to_value(dict[i].second));
+            for (std::size_t i = done; i < dict.size() && i < done + kBatch; ++i) items.emplace_back(key(dict[i].first.key()), to_value(dict[i].second));
             return items;
           });
           return placeholder;
         }
         std::vector<std::pair<ValuePtr, ValuePtr>> items;
-        for (const auto& [k, c] : dict) items.emplace_back(key(k), to_value(c, streamed));
+        for (const auto& [k, c] : dict) items.emplace_back(key(k.key()), to_value(c, streamed));
         return pickle::make_dict(std::move(items));
       }
       case Node::kList: {
@@ -477,7 +506,8 @@ class Merger {
         if (s.tensor) {
           detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), i, task_bytes_);
         } else {
-          add_range_tasks(out, s.raw, 0, s.raw->size(), plan.data_offset(i), i, task_bytes_);
+          const SourcePtr& raw = raws_.at(s.raw);
+          add_range_tasks(out, raw, 0, raw->size(), plan.data_offset(i), i, task_bytes_);
         }
         ++i;
         return true;
@@ -657,6 +687,7 @@ class Merger {
   std::size_t dropped_ = 0;
   TorchSaveBuilder builder_{StorageKeys::kPerView};  // one view a storage
   std::vector<StorageSource> storages_;
+  std::vector<SourcePtr> raws_;
   std::uint64_t task_bytes_ = task_bytes(o_.threads);
 };
 
