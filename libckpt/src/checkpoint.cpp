@@ -75,8 +75,7 @@ TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t
   loc.length = st.data->size();
   const bool strided = t.stride != contiguous_strides(t.shape);
   if (strided || t.storage_offset != 0) {
-    loc.layout = std::make_shared<const ChunkLocation::Layout>(
-        ChunkLocation::Layout{{}, strided ? t.stride : std::vector<std::int64_t>{}, t.storage_offset});
+    loc.layout = ChunkLocation::LayoutPtr(ChunkLocation::Layout{{}, strided ? t.stride : std::vector<std::int64_t>{}, t.storage_offset});
   }
   e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
   return e;

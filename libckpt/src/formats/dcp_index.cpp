@@ -68,9 +68,9 @@ std::uint32_t DcpIndexBuilder::file_index(std::string_view name, std::uint64_t a
   return last_file_ = index;
 }
 
-std::shared_ptr<const ChunkLocation::Layout> DcpIndexBuilder::layout(std::vector<std::string> transforms) {
+ChunkLocation::LayoutPtr DcpIndexBuilder::layout(std::vector<std::string> transforms) {
   if (!last_layout_ || last_layout_->transforms != transforms) {
-    last_layout_ = std::make_shared<const ChunkLocation::Layout>(ChunkLocation::Layout{std::move(transforms), {}, 0});
+    last_layout_ = ChunkLocation::LayoutPtr(ChunkLocation::Layout{std::move(transforms), {}, 0});
   }
   return last_layout_;
 }

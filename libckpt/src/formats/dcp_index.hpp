@@ -36,7 +36,7 @@ class DcpIndexBuilder {
   /// when first met.
   std::uint32_t file_index(std::string_view relative_path, std::uint64_t at);
   /// One shared block per run of chunks with the same transforms (NOTE [Compact chunks]).
-  std::shared_ptr<const ChunkLocation::Layout> layout(std::vector<std::string> transforms);
+  ChunkLocation::LayoutPtr layout(std::vector<std::string> transforms);
   /// The location of the chunk of `fqn` at `offsets` (tensor), or of bytes entry `fqn`.
   void add_storage(std::string_view fqn, bool tensor, Dims offsets, ChunkLocation loc, std::uint64_t at);
   /// After both dicts: places storage met before its entry; notes what belongs to nothing.
@@ -95,7 +95,7 @@ class DcpIndexBuilder {
   std::map<std::string, std::uint32_t, std::less<>> file_by_name_;
   std::uint32_t last_file_ = ~std::uint32_t{0};  ///< the file file_index() gave last
   std::size_t last_tensor_ = 0;                  ///< the tensor find_entry() gave last
-  std::shared_ptr<const ChunkLocation::Layout> last_layout_;  ///< the transforms the last chunk had
+  ChunkLocation::LayoutPtr last_layout_;  ///< the transforms the last chunk had
 };
 
 }  // namespace ckpt::detail

@@ -451,20 +451,13 @@ class Merger {
     if (archive.empty()) archive = "archive";
     const std::uint64_t pkl_at = detail::ArchivePlan::first_data_offset(archive, "data.pkl");
     std::uint64_t pkl_end = pkl_at;
-    std::vector<std::byte> pending;  // data.pkl's bytes, written a MiB at a time
-    auto flush = [&] {
-      if (sink && !pending.empty()) sink->write_at(pkl_end - pending.size(), pending);
-      pending.clear();
-    };
+    // The pickler hands data.pkl over a batch of entries at a time (about 100 KB a thousand tensors).
     TorchSaveRecords records =
         plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent}, output_.string(),
                                  [&](std::span<const std::byte> b) {
+                                   if (sink) sink->write_at(pkl_end, b);
                                    pkl_end += b.size();
-                                   if (!sink) return;
-                                   pending.insert(pending.end(), b.begin(), b.end());
-                                   if (pending.size() >= (std::size_t{1} << 20)) flush();
                                  });
-    flush();
     detail::ArchivePlan plan(archive, std::move(records));
     if (plan.data_offset(0) != pkl_at) {
       throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt,
