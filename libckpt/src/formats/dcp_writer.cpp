@@ -277,13 +277,13 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
 }
 
 std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
-                                        const CopyOptions& copy) {
+                                        const CopyOptions& copy, ItemPlaces places) {
   ItemArchives archives(plan.layout);
   const std::uint64_t max_task = task_bytes(copy.threads);
   std::vector<std::unique_ptr<PositionalSink>> sinks;
   std::vector<PositionalSink*> targets;
   std::vector<DcpItem> items;
-  items.reserve(item_count(files));
+  if (places == ItemPlaces::kReturn) items.reserve(item_count(files));
   // Walks every item of every file in order, with where it goes and its first CRC group: once
   // to lay the files out, again (one item a call) to make its tasks when the engine needs them.
   struct Cursor {
@@ -329,7 +329,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
     }
     const std::uint64_t length = extent_of(r).first;
     if (!r.tensor) total += length;
-    items.push_back(item_of(plan, r, files[lay.file].name, lay.at, length));
+    if (places == ItemPlaces::kReturn) items.push_back(item_of(plan, r, files[lay.file].name, lay.at, length));
     advance(lay);
   }
   const std::size_t groups = lay.group;
@@ -457,8 +457,9 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
 }
 
 std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
-                                     const CopyOptions& copy) {
-  return plan.compression == DcpCompression::kZstd ? write_compressed(dir, plan, files, copy) : write_uncompressed(dir, plan, files, copy);
+                                     const CopyOptions& copy, ItemPlaces places) {
+  return plan.compression == DcpCompression::kZstd ? write_compressed(dir, plan, files, copy)
+                                                   : write_uncompressed(dir, plan, files, copy, places);
 }
 
 namespace {
@@ -607,6 +608,11 @@ void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTenso
   const detail::DcpPlan plan = plan_of(tensors, objects, options, std::nullopt);
   create_dir(dir);
   const std::vector<detail::DcpFilePlan> files = detail::plan_dcp_files(plan);
+  if (plan.compression == DcpCompression::kNone) {
+    detail::write_dcp_files(dir, plan, files, {}, detail::ItemPlaces::kFromPlan);
+    detail::write_dcp_metadata(dir, plan, std::span<const detail::DcpFilePlan>(files));
+    return;
+  }
   const std::vector<detail::DcpItem> items = detail::write_dcp_files(dir, plan, files, {});
   detail::write_dcp_metadata(dir, plan, items);
 }
@@ -623,7 +629,7 @@ void write_dcp_rank_files(const std::filesystem::path& dir, const std::vector<Dc
   for (detail::DcpFilePlan& f : detail::plan_dcp_files(plan)) {
     if (f.rank == rank) mine.push_back(std::move(f));
   }
-  detail::write_dcp_files(dir, plan, mine, {});
+  detail::write_dcp_files(dir, plan, mine, {}, detail::ItemPlaces::kFromPlan);
 }
 
 void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,

@@ -556,9 +556,13 @@ class Sharder {
       if (distributed && mine(f.rank)) some_files.push_back(f);
     }
     const std::span<const detail::DcpFilePlan> mine_files = distributed ? std::span<const detail::DcpFilePlan>(some_files) : files_;
+    // One process writing uncompressed: where each item went follows from the plan, and is made
+    // again as .metadata is written rather than held through the copy and it.
+    const bool from_plan = !distributed && plan_.compression == DcpCompression::kNone;
     std::vector<detail::DcpItem> items;
     try {
-      items = detail::write_dcp_files(dir, plan_, mine_files, {o_.threads, o_.progress, o_.task_delay_ms});
+      items = detail::write_dcp_files(dir, plan_, mine_files, {o_.threads, o_.progress, o_.task_delay_ms},
+                                      from_plan ? detail::ItemPlaces::kFromPlan : detail::ItemPlaces::kReturn);
     } catch (const std::exception& e) {
       std::error_code ec;
       if (distributed) {
@@ -579,14 +583,14 @@ class Sharder {
       write_marker(dir, done_marker(o_.process_index), {{"plan", fp}, {"items", items_json(items)}});
       return;
     }
-    // One process writing uncompressed: where each item went follows from the plan, and is made
-    // again as .metadata is written rather than held through it.
-    const bool from_plan = !distributed && plan_.compression == DcpCompression::kNone;
     std::size_t nitems = 0;
     try {
       std::vector<detail::DcpItem> others = wait_for_others(dir, fp);
       items.insert(items.end(), std::make_move_iterator(others.begin()), std::make_move_iterator(others.end()));
       nitems = items.size();
+      if (from_plan) {
+        for (const auto& f : files_) nitems += f.items.size();
+      }
       for (const auto& [name, src] : carried_) {
         auto sink = open_file_sink(dir / name, Overwrite::kYes);
         stream_range(*src, 0, src->size(), [&](std::span<const std::byte> b) { sink->write(b); });
@@ -599,7 +603,6 @@ class Sharder {
       for (const auto& d : std::filesystem::directory_iterator(dir)) {
         if (!keep.count(d.path().filename().string())) std::filesystem::remove_all(d.path());
       }
-      if (from_plan) std::vector<detail::DcpItem>().swap(items);
       detail::give_back_freed_memory();  // the copy's records
       if (from_plan) {
         detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpFilePlan>(files_));
