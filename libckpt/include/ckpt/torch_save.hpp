@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <span>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,8 +91,8 @@ struct TorchSaveWriteOptions {
 };
 
 /// One member of a torch.save archive as it will be written: literal bytes (data.pkl, version,
-/// ...) or a storage whose bytes come from elsewhere.
-/// One record of a torch.save archive, seen in place (TorchSaveRecords).
+/// ...) or a storage whose bytes come from elsewhere. A view into its TorchSaveRecords, valid
+/// until a record is added to them.
 struct TorchSaveRecord {
   std::string_view name;                   ///< the record, without the archive folder ("data/0")
   std::uint64_t size = 0;
@@ -178,7 +178,6 @@ void write_torch_save(ByteSink& sink, const pickle::Value& root,
                       const std::function<SourcePtr(const std::string& key)>& storage_data,
                       const TorchSaveWriteOptions& options = {});
 
-/// Builds object trees of tensors for write_torch_save, the way torch.save pickles them.
 /// Whether a TorchSaveBuilder keeps one key node per storage, shared by its views (torch.save's
 /// bytes: a second view of a storage memo-references its key), or makes one per view. kPerView is
 /// for a builder of very many storages of one view each (merge's output), whose key nodes would
@@ -186,6 +185,7 @@ void write_torch_save(ByteSink& sink, const pickle::Value& root,
 /// storage then write its key twice, a pickle torch.load reads alike.
 enum class StorageKeys { kShared, kPerView };
 
+/// Builds object trees of tensors for write_torch_save, the way torch.save pickles them.
 class TorchSaveBuilder {
  public:
   explicit TorchSaveBuilder(StorageKeys keys = StorageKeys::kShared);

@@ -59,10 +59,10 @@ void ArchivePlan::stream(ByteSink& sink, const StorageWriter& storage) const {
   std::vector<std::uint32_t> crcs(records_.size());
   for (std::size_t i = 0; i < records_.size(); ++i) {
     const TorchSaveRecord& r = records_[i];
+    if (r.written) internal_error("ArchivePlan::stream: data.pkl went out as it was made; there is nothing to stream");
     sink.write(layout.add(r.name, r.size));
     std::uint32_t crc = 0;
     std::uint64_t written = 0;
-    if (r.written) internal_error("ArchivePlan::stream: data.pkl went out as it was made; there is nothing to stream");
     if (r.storage) {
       storage(i, [&](std::span<const std::byte> b) {
         crc = crc32_update(crc, b);
