@@ -70,7 +70,7 @@ struct SafetensorsLayout {
   std::uint64_t head_size = 0;            ///< the 8-byte length and the padded JSON header
   std::uint64_t size = 0;                 ///< of the whole file
   /// Passes the head (the 8-byte length and the padded JSON header, head_size bytes) to `write`,
-  /// in order, a piece of a few KiB at most a call.
+  /// in order, in pieces of about 64 KiB.
   void write_head(const std::function<void(std::span<const std::byte>)>& write) const;
 };
 

@@ -292,10 +292,9 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   };
   // An item's bytes and CRC groups (a bytes item is one group; a tensor item one per record).
   auto extent_of = [&](const DcpFilePlan::Ref& r) -> std::pair<std::uint64_t, std::size_t> {
-    if (!r.tensor) return {plan.objects[r.index].item->size(), 1};
+    if (!r.tensor) return {item_bytes(plan, r, archives), 1};
     const DcpPlanTensor& t = plan.tensors[r.index];
-    const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
-    return {a.size(), a.records().size()};
+    return {item_bytes(plan, r, archives), archives.of(t.dtype, t.chunks[r.chunk].sizes).records().size()};
   };
   auto advance = [&](Cursor& c) {
     const auto [length, groups] = extent_of(files[c.file].items[c.item]);
