@@ -106,12 +106,12 @@ class MetadataBuilder {
     }
   }
 
-  ValuePtr size(const std::vector<std::int64_t>& v) {
+  ValuePtr size(std::span<const std::int64_t> v) {
     std::vector<ValuePtr> xs;
     for (auto x : v) xs.push_back(pk::make_int(x));
     return pk::make_object(size_, pk::BuildOp::kReduce, pk::make_tuple({pk::make_tuple(std::move(xs))}));
   }
-  ValuePtr tensor_meta(const DcpPlanTensor& t) {
+  ValuePtr tensor_meta(const DcpPlan& plan, const DcpPlanTensor& t) {
     ValuePtr props = pk::make_object(
         props_, pk::BuildOp::kNewObj, pk::make_tuple(),
         pk::make_tuple({pk::make_global("torch", std::string(name(t.dtype))),
@@ -119,7 +119,10 @@ class MetadataBuilder {
                         pk::make_bool(t.requires_grad),
                         pk::make_object(memfmt_, pk::BuildOp::kReduce, pk::make_tuple({pk::make_int(0)})), pk::make_bool(false)}));
     std::vector<ValuePtr> chunks;
-    for (const auto& c : t.chunks) chunks.push_back(dataclass(csm_, {{"offsets", size(c.offsets)}, {"sizes", size(c.sizes)}}));
+    for (std::size_t k = 0; k < t.chunk_count; ++k) {
+      const DcpPlanChunk c = plan.chunks.get(t, k);
+      chunks.push_back(dataclass(csm_, {{"offsets", size(c.offsets)}, {"sizes", size(c.sizes)}}));
+    }
     return dataclass(tsm_, {{"properties", props}, {"size", size(t.shape)}, {"chunks", pk::make_list(std::move(chunks))}});
   }
   ValuePtr bytes_meta() { return pk::make_object(bsm_, pk::BuildOp::kNewObj, pk::make_tuple()); }
@@ -127,8 +130,8 @@ class MetadataBuilder {
     std::vector<std::pair<std::string, ValuePtr>> f;
     f.reserve(3);  // (grown from one, GCC 12 -O3 warns falsely: -Warray-bounds)
     f.emplace_back("fqn", pk::make_str(std::string(it.fqn)));
-    f.emplace_back("index", it.offsets ? pk::make_int(static_cast<std::int64_t>(it.chunk_index)) : pk::make_none());
-    if (it.offsets) f.emplace_back("offset", size(*it.offsets));
+    f.emplace_back("index", it.tensor ? pk::make_int(static_cast<std::int64_t>(it.chunk_index)) : pk::make_none());
+    if (it.tensor) f.emplace_back("offset", size(it.offsets));
     return dataclass(index_, std::move(f));
   }
   ValuePtr info(const DcpItem& it, bool zstd) {
@@ -184,25 +187,36 @@ TorchSaveWriteOptions item_options(DcpLayout layout) {
 class ItemArchives {
  public:
   explicit ItemArchives(DcpLayout layout) : options_(item_options(layout)) {}
-  const ArchivePlan& of(DType dtype, const std::vector<std::int64_t>& sizes) {
-    auto& slot = plans_[{dtype, sizes}];
-    if (!slot) {
-      TorchSaveBuilder b;
-      const std::size_t st = b.reserve_storage(dtype, box_volume(sizes));
-      slot = std::make_unique<ArchivePlan>("archive", plan_torch_save(*b.tensor(st, sizes), options_, "a DCP item"));
-    }
-    return *slot;
+  const ArchivePlan& of(DType dtype, std::span<const std::int64_t> sizes) {
+    if (auto it = plans_.find(std::pair{dtype, sizes}); it != plans_.end()) return *it->second;
+    TorchSaveBuilder b;
+    const std::size_t st = b.reserve_storage(dtype, box_volume(sizes));
+    std::vector<std::int64_t> shape(sizes.begin(), sizes.end());
+    auto plan = std::make_unique<ArchivePlan>("archive", plan_torch_save(*b.tensor(st, shape), options_, "a DCP item"));
+    return *plans_.emplace(std::pair{dtype, std::move(shape)}, std::move(plan)).first->second;
+  }
+  const ArchivePlan& of(const DcpPlan& plan, const DcpFilePlan::Ref& r) {
+    const DcpPlanTensor& t = plan.tensors[r.index];
+    return of(t.dtype, plan.chunks.get(t, r.chunk).sizes);
   }
 
  private:
+  // Looked up by a chunk's sizes as the plan's table holds them (a span), without a copy.
+  struct KindLess {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      if (a.first != b.first) return a.first < b.first;
+      return std::lexicographical_compare(a.second.begin(), a.second.end(), b.second.begin(), b.second.end());
+    }
+  };
   TorchSaveWriteOptions options_;
-  std::map<std::pair<DType, std::vector<std::int64_t>>, std::unique_ptr<ArchivePlan>> plans_;
+  std::map<std::pair<DType, std::vector<std::int64_t>>, std::unique_ptr<ArchivePlan>, KindLess> plans_;
 };
 
 std::uint64_t item_bytes(const DcpPlan& plan, const DcpFilePlan::Ref& r, ItemArchives& archives) {
   if (!r.tensor) return plan.objects[r.index].item->size();
-  const DcpPlanTensor& t = plan.tensors[r.index];
-  return archives.of(t.dtype, t.chunks[r.chunk].sizes).size();
+  return archives.of(plan, r).size();
 }
 
 // Every file's items: what the item lists are reserved to (one per chunk: grown by doubling, a
@@ -214,9 +228,9 @@ std::size_t item_count(std::span<const DcpFilePlan> files) {
 }
 
 DcpItem item_of(const DcpPlan& plan, const DcpFilePlan::Ref& r, const std::string& file, std::uint64_t offset, std::uint64_t length) {
-  if (!r.tensor) return {plan.objects[r.index].fqn, nullptr, 0, file, offset, length};
+  if (!r.tensor) return {plan.objects[r.index].fqn, false, {}, 0, file, offset, length};
   const DcpPlanTensor& t = plan.tensors[r.index];
-  return {t.fqn, &t.chunks[r.chunk].offsets, r.chunk, file, offset, length};
+  return {t.fqn, true, plan.chunks.get(t, r.chunk).offsets, r.chunk, file, offset, length};
 }
 
 // The chunk's tasks, made at offset 0 and sorted, written in order to `write` (the zstd path).
@@ -259,8 +273,7 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
         const DcpPlanObject& o = plan.objects[r.index];
         stream_range(*o.item, 0, o.item->size(), [&](std::span<const std::byte> b) { z.write(b); });
       } else {
-        const DcpPlanTensor& t = plan.tensors[r.index];
-        archives->of(t.dtype, t.chunks[r.chunk].sizes).stream(z, [&](std::size_t, const auto& write) {
+        archives->of(plan, r).stream(z, [&](std::size_t, const auto& write) {
           stream_chunk(plan, r, max_task, copy, progress, progress_mutex, write);
         });
       }
@@ -293,8 +306,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   // An item's bytes and CRC groups (a bytes item is one group; a tensor item one per record).
   auto extent_of = [&](const DcpFilePlan::Ref& r) -> std::pair<std::uint64_t, std::size_t> {
     if (!r.tensor) return {item_bytes(plan, r, archives), 1};
-    const DcpPlanTensor& t = plan.tensors[r.index];
-    return {item_bytes(plan, r, archives), archives.of(t.dtype, t.chunks[r.chunk].sizes).records().size()};
+    return {item_bytes(plan, r, archives), archives.of(plan, r).records().size()};
   };
   auto advance = [&](Cursor& c) {
     const auto [length, groups] = extent_of(files[c.file].items[c.item]);
@@ -321,8 +333,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   for (skip_empty(lay); lay.file < files.size(); skip_empty(lay)) {
     const DcpFilePlan::Ref& r = files[lay.file].items[lay.item];
     if (r.tensor) {
-      const DcpPlanTensor& t = plan.tensors[r.index];
-      const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+      const ArchivePlan& a = archives.of(plan, r);
       a.place_heads(*sinks[lay.file], lay.at);
       for (const TorchSaveRecord rec : a.records()) total += rec.storage ? rec.size : 0;
     }
@@ -342,8 +353,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       const DcpPlanObject& o = plan.objects[r.index];
       add_range_tasks(out, o.item, 0, o.item->size(), make.at, make.group, max_task);
     } else {
-      const DcpPlanTensor& t = plan.tensors[r.index];
-      const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+      const ArchivePlan& a = archives.of(plan, r);
       for (std::size_t i = 0; i < a.records().size(); ++i) {
         if (a.records()[i].storage) plan.add_tasks(out, r.index, r.chunk, make.at + a.data_offset(i), make.group + i, max_task);
       }
@@ -358,8 +368,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   for (Cursor tail; skip_empty(tail), tail.file < files.size(); advance(tail)) {
     const DcpFilePlan::Ref& r = files[tail.file].items[tail.item];
     if (!r.tensor) continue;
-    const DcpPlanTensor& t = plan.tensors[r.index];
-    const ArchivePlan& a = archives.of(t.dtype, t.chunks[r.chunk].sizes);
+    const ArchivePlan& a = archives.of(plan, r);
     a.place_tail(*sinks[tail.file], tail.at, std::span(crcs).subspan(tail.group, a.records().size()));
   }
   for (auto& s : sinks) s->commit();
@@ -367,6 +376,23 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
 }
 
 }  // namespace
+
+void DcpPlanChunks::add(DcpPlanTensor& t, int rank, std::span<const std::int64_t> offsets, std::span<const std::int64_t> sizes) {
+  if (offsets.size() != t.shape.size() || sizes.size() != t.shape.size()) {
+    throw Error(ErrorKind::kInvalidArgument, "tensor '" + std::string(t.fqn) + "': chunk rank differs from the tensor's");
+  }
+  if (t.chunk_count == 0) {
+    t.first_chunk = ranks_.size();
+    t.first_dim = dims_.size();
+  } else if (t.first_chunk + t.chunk_count != ranks_.size()) {
+    internal_error("DcpPlanChunks::add: a tensor's chunks must be added together");
+  }
+  if (t.chunk_count == 0xffffffffu) internal_error("DcpPlanChunks::add: more than 2^32 chunks in a tensor");
+  ranks_.push_back(rank);
+  dims_.insert(dims_.end(), offsets.begin(), offsets.end());
+  dims_.insert(dims_.end(), sizes.begin(), sizes.end());
+  ++t.chunk_count;
+}
 
 void validate_dcp_plan(const DcpPlan& plan) {
   if (plan.world_size < 1) throw Error(ErrorKind::kInvalidArgument, "world size must be at least 1");
@@ -382,17 +408,17 @@ void validate_dcp_plan(const DcpPlan& plan) {
       if (d < 0) bad("negative dimension");
       numel *= static_cast<std::uint64_t>(d);
     }
-    if (t.chunks.empty()) bad("no chunks");
-    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-      const auto& c = t.chunks[i];
+    if (t.chunk_count == 0) bad("no chunks");
+    for (std::size_t i = 0; i < t.chunk_count; ++i) {
+      const DcpPlanChunk c = plan.chunks.get(t, i);
       if (c.rank < 0 || c.rank >= world) bad("chunk rank " + std::to_string(c.rank) + " is not in [0, " + std::to_string(world) + ")");
-      if (c.offsets.size() != t.shape.size() || c.sizes.size() != t.shape.size()) bad("chunk rank differs from the tensor's");
       for (std::size_t d = 0; d < t.shape.size(); ++d) {
         if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > t.shape[d]) bad("chunk passes the tensor's bounds");
       }
       volume += box_volume(c.sizes);
       for (std::size_t k = 0; k < i && !t.shape.empty(); ++k) {
-        if (intersect(c.offsets, c.sizes, t.chunks[k].offsets, t.chunks[k].sizes)) bad("chunks overlap");
+        const DcpPlanChunk o = plan.chunks.get(t, k);
+        if (intersect(c.offsets, c.sizes, o.offsets, o.sizes)) bad("chunks overlap");
       }
     }
     if (!t.shape.empty() && volume != numel) bad("chunks cover " + std::to_string(volume) + " of " + std::to_string(numel) + " elements");
@@ -425,13 +451,13 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
       if (plan.objects[i].rank == rank) objects.push_back({false, narrow_ref(i), 0});
     }
     for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
-      for (std::size_t c = 0; c < plan.tensors[i].chunks.size(); ++c) {
-        if (plan.tensors[i].chunks[c].rank == rank) tensors.push_back({true, narrow_ref(i), narrow_ref(c)});
+      for (std::size_t c = 0; c < plan.tensors[i].chunk_count; ++c) {
+        if (plan.chunks.get(plan.tensors[i], c).rank == rank) tensors.push_back({true, narrow_ref(i), narrow_ref(c)});
       }
     }
     auto chunk_bytes = [&](const DcpFilePlan::Ref& r) {
       const DcpPlanTensor& t = plan.tensors[r.index];
-      return box_volume(t.chunks[r.chunk].sizes) * element_size(t.dtype);
+      return box_volume(plan.chunks.get(t, r.chunk).sizes) * element_size(t.dtype);
     };
     if (k == 1) {  // the list as it is, made once (grown by doubling, a reshard's held up to twice its size)
       DcpFilePlan& f = files[first];
@@ -492,7 +518,7 @@ void write_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::
   std::unordered_map<const pk::Value*, pk::DictBatches> streamed;
   streamed[sdm.get()] = batches(order.size(), [&](std::size_t i) {
     const auto& [pos, tensor, k] = order[i];
-    return std::make_pair(pk::make_str(std::string(fqn_of(i))), tensor ? mb.tensor_meta(plan.tensors[k]) : mb.bytes_meta());
+    return std::make_pair(pk::make_str(std::string(fqn_of(i))), tensor ? mb.tensor_meta(plan, plan.tensors[k]) : mb.bytes_meta());
   });
   streamed[storage.get()] = batches(count, [&](std::size_t i) {
     const DcpItem it = item(i);
@@ -570,7 +596,7 @@ detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::v
   };
   std::size_t position = 0;
   for (const DcpWriteTensor& t : tensors) {
-    detail::DcpPlanTensor p{t.fqn, position++, t.dtype, t.shape, t.requires_grad, {}};
+    detail::DcpPlanTensor& p = plan.tensors.emplace_back(detail::DcpPlanTensor{t.fqn, position++, t.dtype, t.shape, t.requires_grad});
     for (const DcpWriteChunk& c : t.chunks) {
       const std::uint64_t need = box_volume(c.sizes) * element_size(t.dtype);
       const bool needed = !only_rank || c.rank == *only_rank;
@@ -579,9 +605,8 @@ detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::v
                                                      (c.data ? std::to_string(c.data->size()) : std::string("no")) +
                                                      " bytes, its box needs " + std::to_string(need));
       }
-      p.chunks.push_back({c.rank, c.offsets, c.sizes});
+      plan.chunks.add(p, c.rank, c.offsets, c.sizes);
     }
-    plan.tensors.push_back(std::move(p));
   }
   for (const DcpWriteObject& o : objects) {
     plan.objects.push_back({o.fqn, position++, o.rank, memory_source(detail::bytes_item(*o.value, options.layout), o.fqn)});

@@ -50,21 +50,6 @@ using pickle::Value;
 using pickle::ValuePtr;
 namespace pk = pickle;
 
-// One entry of the output, before placement.
-struct Entry {
-  std::string_view fqn;                   // the input entry's name, or one Sharder::names_ keeps
-  const TensorEntry* tensor = nullptr;    // a tensor entry, or
-  SourcePtr item;                         // a bytes item's archive
-  DType out{};
-};
-
-// A box to write and the ranks that hold it before deduplication (all of them when `all`).
-struct Holding {
-  Dims offsets, sizes;
-  Dims holders;  ///< ranks, as Dims keeps them: nearly every box has one or two, kept inline
-  bool all = false;
-};
-
 std::string key_text(const Value& k, const std::string& where) {
   if (const std::string* s = k.str()) return *s;
   if (const bool* b = k.get_if<bool>()) return *b ? "True" : "False";  // str(True), as DCP's flattening does
@@ -84,7 +69,7 @@ class Sharder {
     collect();
     place();
     ShardResult result = describe();
-    detail::give_back_freed_memory();  // placing's holdings and entries (NOTE [Giving freed memory back])
+    detail::give_back_freed_memory();  // the input's parse, placing's order (NOTE [Giving freed memory back])
     if (dry_run) return result;
     write(result);
     return result;
@@ -111,19 +96,21 @@ class Sharder {
     return false;
   }
 
-  // `fqn` must outlive the plan: an input entry's name, or one kept by keep().
+  // The plan is made as the entries are found: its tensors and objects, in order, without chunks
+  // (placing adds them) or ranks. `fqn` must outlive the plan: an input entry's name, or one kept
+  // by keep().
   void add_tensor(std::string_view fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
     if (!selected(fqn)) return;
     if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
-    Entry e{fqn, t, nullptr, t->dtype};
-    if (o_.dtype && is_castable_float(t->dtype)) e.out = *o_.dtype;
-    entries_.push_back(std::move(e));
+    const DType out = o_.dtype && is_castable_float(t->dtype) ? *o_.dtype : t->dtype;
+    plan_.tensors.push_back({fqn, position_++, out, t->shape, t->requires_grad});
+    sources_.push_back(t);
   }
 
   void add_object(std::string_view fqn, std::vector<ValuePtr> path, SourcePtr item) {
     if (!selected(fqn)) return;
     if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
-    entries_.push_back({fqn, nullptr, std::move(item), {}});
+    plan_.objects.push_back({fqn, position_++, -1, std::move(item)});
   }
 
   std::vector<ValuePtr> keyed(const std::vector<ValuePtr>& path) const {
@@ -139,6 +126,8 @@ class Sharder {
   std::string_view keep(std::string name) { return names_.emplace_back(std::move(name)); }
 
   void collect() {
+    plan_.tensors.reserve(c_.tensors.size());  // a bound when the input is a DCP (untouched room is not resident)
+    sources_.reserve(c_.tensors.size());
     const bool dcp = c_.format == Format::kDcp || c_.format == Format::kLightningSharded;
     if (dcp && o_.key) throw Error(ErrorKind::kInvalidArgument, "--key applies to input that is not a DCP directory (its FQNs are kept)");
     if (dcp) return collect_dcp();
@@ -293,41 +282,23 @@ class Sharder {
 
   // ---- placement ---------------------------------------------------------------------------
 
-  bool replicated(const Entry& e) const {
-    if (e.tensor->shape.empty()) return true;
-    return std::any_of(o_.replicate.begin(), o_.replicate.end(), [&](const std::string& g) { return detail::glob_match(g, std::string(e.fqn)); });
+  bool replicated(const detail::DcpPlanTensor& t) const {
+    if (t.shape.empty() || t.shape[0] == 0) return true;
+    return std::any_of(o_.replicate.begin(), o_.replicate.end(), [&](const std::string& g) { return detail::glob_match(g, std::string(t.fqn)); });
   }
 
-  std::vector<Holding> holdings(const Entry& e) const {
-    const int world = o_.world_size;
-    if (!e.tensor) return {Holding{{}, {}, {}, true}};
-    const std::vector<std::int64_t>& shape = e.tensor->shape;
-    if (replicated(e) || shape[0] == 0) return {Holding{std::vector<std::int64_t>(shape.size(), 0), shape, {}, true}};
-    std::vector<Holding> out;
-    auto box = [&](std::int64_t begin, std::int64_t size) {
-      Holding h{std::vector<std::int64_t>(shape.size(), 0), shape, {}, false};
-      h.offsets[0] = begin;
-      h.sizes[0] = size;
-      return h;
-    };
-    if (o_.layout == ShardLayout::kFsdp) {
-      const auto pieces = chunk_pieces(shape[0], world);
-      for (std::size_t r = 0; r < pieces.size(); ++r) {
-        out.push_back(box(pieces[r].first, pieces[r].second));
-        out.back().holders = {static_cast<std::int64_t>(r)};
-      }
-      return out;
-    }
-    for (int r = 0; r < world; ++r) {
-      const auto [begin, size] = dtensor_piece(shape[0], world, r);
-      // Equal empty shards are one item held by several ranks (deduplicated by DCP).
-      auto same = std::find_if(out.begin(), out.end(), [&, b = begin](const Holding& h) { return h.offsets[0] == b; });
-      if (same != out.end()) {
-        same->holders.push_back(r);
-      } else {
-        out.push_back(box(begin, size));
-        out.back().holders = {r};
-      }
+  // NOTE [Pieces]: both layouts cut dim 0 into pieces of ceil(n / world) rows, piece k held by
+  // rank k (torch.chunk's rule for FSDP, DTensor's Shard(0)); with DTensor's, the ranks past the
+  // last piece each hold the empty piece at row n, one item that DCP deduplicates. So piece k
+  // first appears in rank k's plan, and its holders are a range of ranks: {k}, or [k, world) for
+  // the empty piece; a replicated tensor or a bytes item is one item held by every rank. Holders
+  // follow from a chunk's place and are never kept (a list of them held 16 MB at 100,000 tensors).
+  std::vector<std::pair<std::int64_t, std::int64_t>> pieces(const detail::DcpPlanTensor& t) const {  // (first row, rows)
+    if (o_.layout == ShardLayout::kFsdp) return chunk_pieces(t.shape[0], o_.world_size);
+    std::vector<std::pair<std::int64_t, std::int64_t>> out;
+    for (int r = 0; r < o_.world_size; ++r) {
+      const auto piece = dtensor_piece(t.shape[0], o_.world_size, r);
+      if (out.empty() || out.back() != piece) out.push_back(piece);  // equal empty pieces: one item
     }
     return out;
   }
@@ -335,57 +306,88 @@ class Sharder {
   // DCP's deduplication (spec/FORMATS.md §3.7.3): items in order of first appearance (rank 0's
   // plan, then new items of rank 1, ...); each goes to the holder with the fewest planned bytes,
   // ties to the lowest rank; the owner's total grows by the item's bytes (1 for a bytes item).
+  // Each tensor's pieces become its chunks in the plan's table first, and get their ranks here.
   void place() {
-    struct Item {
-      int first;            // the lowest holder: where the item first appears
-      std::size_t entry, holding;
-    };
-    held_.resize(entries_.size());
-    std::vector<Item> order;
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      held_[i] = holdings(entries_[i]);
-      for (std::size_t h = 0; h < held_[i].size(); ++h) {
-        const Holding& x = held_[i][h];
-        order.push_back({x.all ? 0 : static_cast<int>(*std::min_element(x.holders.begin(), x.holders.end())), i, h});
+    const auto world = static_cast<std::size_t>(o_.world_size);
+    std::vector<bool> whole(plan_.tensors.size());
+    std::size_t nchunks = 0, ndims = 0;
+    for (std::size_t i = 0; i < plan_.tensors.size(); ++i) {
+      const detail::DcpPlanTensor& t = plan_.tensors[i];
+      whole[i] = replicated(t);
+      const std::size_t n = whole[i] ? 1 : pieces(t).size();
+      nchunks += n;
+      ndims += n * 2 * t.shape.size();
+    }
+    plan_.chunks.reserve(nchunks, ndims);
+    for (std::size_t i = 0; i < plan_.tensors.size(); ++i) {
+      detail::DcpPlanTensor& t = plan_.tensors[i];
+      Dims offsets(std::vector<std::int64_t>(t.shape.size(), 0)), sizes = t.shape;
+      if (whole[i]) {
+        plan_.chunks.add(t, -1, offsets.span(), sizes.span());
+        continue;
+      }
+      for (const auto& [begin, rows] : pieces(t)) {
+        offsets[0] = begin;
+        sizes[0] = rows;
+        plan_.chunks.add(t, -1, offsets.span(), sizes.span());
       }
     }
-    std::stable_sort(order.begin(), order.end(), [](const Item& a, const Item& b) { return a.first < b.first; });
-    std::vector<std::uint64_t> planned(static_cast<std::size_t>(o_.world_size), 0);
-    std::set<std::pair<std::uint64_t, int>> by_load;
-    for (int r = 0; r < o_.world_size; ++r) by_load.insert({0, r});
-    owner_.assign(entries_.size(), {});
-    for (std::size_t i = 0; i < entries_.size(); ++i) owner_[i].resize(held_[i].size());
-    for (const Item& it : order) {
-      const Holding& h = held_[it.entry][it.holding];
-      int owner = 0;
-      if (h.all) {
-        owner = by_load.begin()->second;
-      } else {
-        owner = static_cast<int>(h.holders[0]);
-        for (const std::int64_t holder : h.holders) {
-          const int r = static_cast<int>(holder);
-          if (planned[static_cast<std::size_t>(r)] < planned[static_cast<std::size_t>(owner)] ||
-              (planned[static_cast<std::size_t>(r)] == planned[static_cast<std::size_t>(owner)] && r < owner)) {
-            owner = r;
-          }
+    // Every item by the rank where it first appears, in state-dict order within a rank: a counting
+    // sort of 4-byte codes, tensor i (its chunk k appears at rank k, a whole one at 0) or kObject | j.
+    constexpr std::uint32_t kObject = 0x80000000u;
+    if (plan_.tensors.size() >= kObject || plan_.objects.size() >= kObject) internal_error("shard: 2^31 entries or more");
+    auto each_item = [&](auto&& f) {  // f(code, rank where it first appears), in state-dict order
+      std::size_t i = 0, j = 0;
+      while (i < plan_.tensors.size() || j < plan_.objects.size()) {
+        if (j == plan_.objects.size() || (i < plan_.tensors.size() && plan_.tensors[i].position < plan_.objects[j].position)) {
+          const std::uint32_t code = static_cast<std::uint32_t>(i++);
+          for (std::size_t k = 0; k < plan_.tensors[code].chunk_count; ++k) f(code, whole[code] ? 0 : k);
+        } else {
+          f(kObject | static_cast<std::uint32_t>(j++), 0);
         }
       }
-      const Entry& e = entries_[it.entry];
-      const std::uint64_t bytes = e.tensor ? box_volume(h.sizes) * element_size(e.out) : 0;
+    };
+    std::vector<std::size_t> start(world + 1, 0);
+    each_item([&](std::uint32_t, std::size_t r) { ++start[r + 1]; });
+    for (std::size_t r = 0; r < world; ++r) start[r + 1] += start[r];
+    std::vector<std::uint32_t> order(start[world]);
+    {
+      std::vector<std::size_t> at(start.begin(), start.end() - 1);
+      each_item([&](std::uint32_t code, std::size_t r) { order[at[r]++] = code; });
+    }
+    std::vector<std::uint64_t> planned(world, 0);
+    std::set<std::pair<std::uint64_t, int>> by_load;
+    for (int r = 0; r < o_.world_size; ++r) by_load.insert({0, r});
+    auto assign = [&](int first, int end, std::uint64_t bytes) {  // to a holder in [first, end)
+      int owner = first;
+      if (first == 0 && end == o_.world_size) {
+        owner = by_load.begin()->second;
+      } else {
+        for (int r = first + 1; r < end; ++r) {
+          if (planned[static_cast<std::size_t>(r)] < planned[static_cast<std::size_t>(owner)]) owner = r;
+        }
+      }
       const auto o = static_cast<std::size_t>(owner);
       by_load.erase({planned[o], owner});
       planned[o] += bytes ? bytes : 1;
       by_load.insert({planned[o], owner});
-      owner_[it.entry][it.holding] = owner;
+      return owner;
+    };
+    for (std::size_t r = 0; r < world; ++r) {
+      for (std::size_t n = start[r]; n < start[r + 1]; ++n) {
+        const std::uint32_t code = order[n];
+        if (code & kObject) {
+          plan_.objects[code & ~kObject].rank = assign(0, o_.world_size, 0);
+          continue;
+        }
+        const detail::DcpPlanTensor& t = plan_.tensors[code];
+        const std::size_t k = whole[code] ? 0 : r;
+        const detail::DcpPlanChunk c = plan_.chunks.get(t, k);
+        const int first = static_cast<int>(k);
+        const int end = whole[code] || c.sizes[0] == 0 ? o_.world_size : first + 1;  // the empty piece: ranks [k, world)
+        plan_.chunks.set_rank(t, k, assign(first, end, box_volume(c.sizes) * element_size(t.dtype)));
+      }
     }
-  }
-
-  // The chunks of entry i in .metadata order: by owning rank (the order of the ranks' plans).
-  std::vector<std::size_t> chunk_order(std::size_t i) const {
-    std::vector<std::size_t> idx(held_[i].size());
-    for (std::size_t k = 0; k < idx.size(); ++k) idx[k] = k;
-    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return owner_[i][a] < owner_[i][b]; });
-    return idx;
   }
 
   ShardResult describe() {
@@ -400,44 +402,27 @@ class Sharder {
     plan_.add_tasks = [this](std::vector<CopyTask>& tasks, std::size_t tensor, std::size_t chunk, std::uint64_t base, std::size_t group,
                              std::uint64_t max_task) {
       const detail::DcpPlanTensor& planned = plan_.tensors[tensor];
-      const detail::DcpPlanChunk& c = planned.chunks[chunk];
-      detail::add_box_tasks(tasks, reader_, *sources_[tensor], Box{c.offsets, c.sizes}, planned.dtype, base, group, max_task, o_.max_memory);
+      const detail::DcpPlanChunk c = plan_.chunks.get(planned, chunk);
+      detail::add_box_tasks(tasks, reader_, *sources_[tensor], Box{Dims(c.offsets), Dims(c.sizes)}, planned.dtype, base, group, max_task,
+                            o_.max_memory);
     };
-    const auto ntensors = static_cast<std::size_t>(std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.tensor; }));
-    plan_.tensors.reserve(ntensors);
-    sources_.reserve(ntensors);
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
-      if (!e.tensor) {
-        plan_.objects.push_back({e.fqn, i, owner_[i][0], e.item});
-        if (o_.report_entries) r.entries.push_back({std::string(e.fqn), "object", std::nullopt, {}, 0, {{owner_[i][0], {}, {}}}});
-        continue;
-      }
-      const std::uint64_t nbytes = e.tensor->numel() * element_size(e.out);
+    std::size_t j = 0;
+    for (const detail::DcpPlanTensor& t : plan_.tensors) {
+      const std::uint64_t nbytes = box_volume(t.shape) * element_size(t.dtype);
       r.tensor_bytes += nbytes;
-      detail::DcpPlanTensor t{e.fqn, i, e.out, e.tensor->shape, e.tensor->requires_grad, {}};
-      t.chunks.reserve(held_[i].size());
-      sources_.push_back(e.tensor);
-      for (std::size_t k : chunk_order(i)) {
-        const Holding& h = held_[i][k];
-        t.chunks.push_back({owner_[i][k], h.offsets, h.sizes});
+      if (!o_.report_entries) continue;
+      for (; j < plan_.objects.size() && plan_.objects[j].position < t.position; ++j) report_object(r, plan_.objects[j]);
+      ShardedEntry out{std::string(t.fqn), "tensor", t.dtype, t.shape, nbytes, {}};
+      for (std::size_t k = 0; k < t.chunk_count; ++k) {
+        const detail::DcpPlanChunk c = plan_.chunks.get(t, k);
+        out.chunks.push_back({c.rank, Dims(c.offsets), Dims(c.sizes)});
       }
-      if (o_.report_entries) {  // what the plan holds, as the result shows it
-        ShardedEntry out{std::string(t.fqn), "tensor", e.out, e.tensor->shape, nbytes, {}};
-        for (const detail::DcpPlanChunk& c : t.chunks) out.chunks.push_back({c.rank, c.offsets, c.sizes});
-        r.entries.push_back(std::move(out));
-      }
-      plan_.tensors.push_back(std::move(t));
-      std::vector<Holding>().swap(held_[i]);  // in the plan now: freed as the plan grows
-      std::vector<int>().swap(owner_[i]);
+      r.entries.push_back(std::move(out));
     }
     if (o_.report_entries) {
+      for (; j < plan_.objects.size(); ++j) report_object(r, plan_.objects[j]);
       for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
     }
-    // What placing needed is not needed again: the plan has it all.
-    std::vector<Entry>().swap(entries_);
-    std::vector<std::vector<Holding>>().swap(held_);
-    std::vector<std::vector<int>>().swap(owner_);
     detail::validate_dcp_plan(plan_);
     files_ = detail::plan_dcp_files(plan_);
     for (const detail::DcpFilePlan& f : files_) {
@@ -445,6 +430,10 @@ class Sharder {
     }
     for (const auto& [name, src] : carried_) r.files.push_back({output_ / name, src->size(), 0, o_.process_index == 0});
     return r;
+  }
+
+  static void report_object(ShardResult& r, const detail::DcpPlanObject& o) {
+    r.entries.push_back({std::string(o.fqn), "object", std::nullopt, {}, 0, {{o.rank, {}, {}}}});
   }
 
   bool mine(int rank) const { return rank % o_.process_count == o_.process_index; }
@@ -457,7 +446,10 @@ class Sharder {
       << o_.process_count;
     for (const auto& t : plan_.tensors) {
       s << '|' << t.fqn << ':' << name(t.dtype);
-      for (const auto& ch : t.chunks) s << ':' << ch.rank << '@' << detail::shape_text(ch.offsets) << detail::shape_text(ch.sizes);
+      for (std::size_t k = 0; k < t.chunk_count; ++k) {
+        const detail::DcpPlanChunk ch = plan_.chunks.get(t, k);
+        s << ':' << ch.rank << '@' << detail::shape_text(ch.offsets) << detail::shape_text(ch.sizes);
+      }
     }
     for (const auto& o : plan_.objects) s << '|' << o.fqn << ':' << o.rank << ':' << o.item->size();
     char hex[17];
@@ -479,7 +471,7 @@ class Sharder {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& it : items) {
       nlohmann::json x{{"fqn", it.fqn}, {"chunk", it.chunk_index}, {"file", it.file}, {"offset", it.offset}, {"length", it.length}};
-      x["offsets"] = it.offsets ? nlohmann::json(it.offsets->vec()) : nlohmann::json(nullptr);
+      x["offsets"] = it.tensor ? nlohmann::json(std::vector<std::int64_t>(it.offsets.begin(), it.offsets.end())) : nlohmann::json(nullptr);
       a.push_back(std::move(x));
     }
     return a;
@@ -514,10 +506,10 @@ class Sharder {
             others_.names.push_back(x["file"].get<std::string>());
             const std::string& file = others_.names.back();
             const std::string& fqn = others_.names[others_.names.size() - 2];
-            detail::DcpItem it{fqn, nullptr, x["chunk"], file, x["offset"], x["length"]};
+            detail::DcpItem it{fqn, false, {}, x["chunk"], file, x["offset"], x["length"]};
             if (!x["offsets"].is_null()) {
-              others_.offsets.emplace_back(x["offsets"].get<std::vector<std::int64_t>>());
-              it.offsets = &others_.offsets.back();
+              it.tensor = true;
+              it.offsets = others_.offsets.emplace_back(x["offsets"].get<std::vector<std::int64_t>>());
             }
             items.push_back(it);
           }
@@ -631,10 +623,8 @@ class Sharder {
   std::map<const Value*, const TorchTensor*> tensor_of_;
   std::deque<TensorEntry> owned_;                      // torch.save input's entries (stable addresses)
   std::deque<std::string> names_;                      // FQNs made here (keep()), which entries and the plan view
-  std::vector<Entry> entries_;                         // until the plan is made: then the plan holds it all
   std::vector<const TensorEntry*> sources_;            // each planned tensor's source
-  std::vector<std::vector<Holding>> held_;
-  std::vector<std::vector<int>> owner_;
+  std::size_t position_ = 0;                           // the next entry's, among tensors and objects
   std::vector<std::pair<std::string, SourcePtr>> carried_;  // meta.pt, common.pt, metadata.json
   std::vector<std::string> meta_keys_;
   std::size_t dropped_ = 0;
@@ -642,7 +632,7 @@ class Sharder {
   std::vector<detail::DcpFilePlan> files_;
   struct {
     std::deque<std::string> names;  // FQNs and file names of the other processes' items (a deque: they never move)
-    std::deque<Dims> offsets;
+    std::deque<std::vector<std::int64_t>> offsets;
   } others_;
 };
 

@@ -42,12 +42,19 @@ TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[
   ckpt::detail::DcpPlan plan;
   plan.world_size = 2;
   plan.files_per_rank = 2;
-  auto chunk = [](int rank, std::int64_t at, std::int64_t n) {
-    return ckpt::detail::DcpPlanChunk{rank, {at}, {n}};
+  plan.tensors.reserve(3);  // the chunks are added through references to them
+  auto tensor = [&](const char* fqn, std::int64_t n) -> ckpt::detail::DcpPlanTensor& {
+    return plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{fqn, plan.tensors.size(), ckpt::DType::kFloat32, {n}, false});
   };
-  plan.tensors.push_back({"a", 0, ckpt::DType::kFloat32, {10}, false, {chunk(0, 0, 2), chunk(1, 2, 8)}});
-  plan.tensors.push_back({"b", 1, ckpt::DType::kFloat32, {6}, false, {chunk(0, 0, 6)}});
-  plan.tensors.push_back({"c", 2, ckpt::DType::kFloat32, {3}, false, {chunk(0, 0, 3)}});
+  auto chunk = [&](ckpt::detail::DcpPlanTensor& t, int rank, std::int64_t at, std::int64_t n) {
+    const std::int64_t offsets[] = {at}, sizes[] = {n};
+    plan.chunks.add(t, rank, offsets, sizes);
+  };
+  auto& a = tensor("a", 10);
+  chunk(a, 0, 0, 2);
+  chunk(a, 1, 2, 8);
+  chunk(tensor("b", 6), 0, 0, 6);
+  chunk(tensor("c", 3), 0, 0, 3);
   const std::string objects[] = {"o0", "o1", "o2"};  // the plan views its FQNs
   for (int i = 0; i < 3; ++i) plan.objects.push_back({objects[i], 3u + static_cast<std::size_t>(i), 0, ckpt::memory_source({})});
   const auto files = ckpt::detail::plan_dcp_files(plan);
@@ -66,6 +73,29 @@ TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[
   CHECK(names(files[2]) == std::vector<std::string>{"a"});
   CHECK(files[3].items.empty());  // empty files are still written, as DCP does
   CHECK(files[3].size == 0);
+}
+
+TEST_CASE("DCP plan chunks: one table, a tensor's chunks together, boxes of the tensor's rank", "[ckpt][shard]") {
+  ckpt::detail::DcpPlan plan;
+  plan.tensors.reserve(2);
+  auto& a = plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{"a", 0, ckpt::DType::kFloat32, {4, 3}, false});
+  auto& b = plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{"b", 1, ckpt::DType::kFloat32, {5}, false});
+  const std::int64_t a0_off[] = {0, 0}, a0_size[] = {2, 3}, a1_off[] = {2, 0}, a1_size[] = {2, 3}, b_off[] = {0}, b_size[] = {5};
+  plan.chunks.add(a, 1, a0_off, a0_size);
+  plan.chunks.add(a, 0, a1_off, a1_size);
+  CHECK_THROWS_WITH(plan.chunks.add(b, 0, a0_off, a0_size), Catch::Contains("tensor 'b': chunk rank differs from the tensor's"));
+  plan.chunks.add(b, 2, b_off, b_size);
+  CHECK_THROWS(plan.chunks.add(a, 0, a1_off, a1_size));  // a's chunks are no longer the last
+  REQUIRE(a.chunk_count == 2);
+  REQUIRE(b.chunk_count == 1);
+  const auto c = plan.chunks.get(a, 1);
+  CHECK(c.rank == 0);
+  CHECK(std::vector<std::int64_t>(c.offsets.begin(), c.offsets.end()) == std::vector<std::int64_t>{2, 0});
+  CHECK(std::vector<std::int64_t>(c.sizes.begin(), c.sizes.end()) == std::vector<std::int64_t>{2, 3});
+  plan.chunks.set_rank(b, 0, 1);
+  CHECK(plan.chunks.get(b, 0).rank == 1);
+  CHECK(plan.chunks.get(b, 0).sizes[0] == 5);
+  CHECK(plan.chunks.get(a, 0).rank == 1);
 }
 
 TEST_CASE("shard refuses bad options before writing anything", "[ckpt][shard]") {
