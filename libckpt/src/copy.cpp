@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <mutex>
+#include <unordered_map>
 #include <thread>
 #include <utility>
 
@@ -75,16 +76,23 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, const TaskSource& next
 // thousands of tasks, and each holds what it reads from (an item's parse, its source). Made all at
 // once they would cost more than the copy's buffers by far. The engine keeps a queue instead: a
 // worker that finds it empty asks the source for the next tasks (under the lock, so the source
-// needs none of its own), and a task's closure is freed when it is done. Finished pieces are kept
-// for the CRCs only as (group, offset, length, crc), a piece that continues the last one of its
-// group merged into it, so tasks finished in order cost one record per group.
+// needs none of its own), and a task's closure is freed when it is done.
+//
+// NOTE [CRC groups in flight]: a call of the source makes every task of the groups it touches, so
+// a group is complete once its tasks are done. Its finished pieces, (offset, length, crc), are
+// kept only until then, and then combined in offset order into its CRC: what the engine holds is
+// one CRC per group and the pieces of the groups in flight (a list of every piece, kept to the
+// end, held 5 MB at 200,000 groups).
 std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, const TaskSource& next, std::uint64_t total,
                                     std::size_t groups, const CopyOptions& options) {
-  struct Done {  // 24 bytes: one per CRC group, nearly, kept until the end
+  struct Piece {
     std::uint64_t offset, length;
-    std::uint32_t group, crc;
+    std::uint32_t crc;
   };
-  if (groups > 0xffffffffu) internal_error("run_copy: more than 2^32 CRC groups");
+  struct Open {  // a group whose tasks are not all done
+    std::size_t left = 0;  // tasks
+    std::vector<Piece> pieces;
+  };
   Progress& progress = options.progress ? *options.progress : no_progress();
   progress.start("copying", total);
 
@@ -93,15 +101,23 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, cons
   std::vector<CopyTask> made;
   bool exhausted = false;
   std::uint64_t made_bytes = 0;
-  std::vector<Done> done;
+  std::vector<std::uint32_t> crcs(groups, 0);
+  std::vector<bool> seen(groups);  // groups an earlier call of the source made tasks of
+  std::unordered_map<std::size_t, Open> open;
   std::atomic<bool> failed{false};
 
   auto take = [&](CopyTask& t) {
     while (queue.empty() && !exhausted) {
       exhausted = !next(made);
-      for (CopyTask& m : made) {
-        if (m.group >= groups) internal_error("run_copy: task group out of range");
+      for (const CopyTask& m : made) {
         if (m.sink >= sinks.size()) internal_error("run_copy: task sink out of range");
+        if (!groups) continue;
+        if (m.group >= groups) internal_error("run_copy: task group out of range");
+        if (seen[m.group]) internal_error("run_copy: a CRC group's tasks came from two calls of the task source");
+        ++open[m.group].left;
+      }
+      for (CopyTask& m : made) {
+        if (groups) seen[m.group] = true;
         made_bytes += m.length;
         queue.push_back(std::move(m));
       }
@@ -112,16 +128,19 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, cons
     queue.pop_front();
     return true;
   };
-  auto record = [&](const Done& d) {
-    if (!done.empty()) {
-      Done& last = done.back();
-      if (last.group == d.group && last.offset + last.length == d.offset) {
-        last.crc = detail::crc32_combine(last.crc, d.crc, d.length);
-        last.length += d.length;
-        return;
-      }
+  // A task's piece of its group; the group's CRC once it is the last.
+  auto record = [&](std::size_t group, const Piece& p) {
+    Open& g = open.at(group);
+    g.pieces.push_back(p);
+    if (--g.left) return;
+    std::sort(g.pieces.begin(), g.pieces.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+    std::uint32_t crc = g.pieces[0].crc;
+    for (std::size_t i = 1; i < g.pieces.size(); ++i) {
+      if (g.pieces[i].offset != g.pieces[i - 1].offset + g.pieces[i - 1].length) internal_error("run_copy: the tasks of a CRC group leave a gap or overlap");
+      crc = detail::crc32_combine(crc, g.pieces[i].crc, g.pieces[i].length);
     }
-    done.push_back(d);
+    crcs[group] = crc;
+    open.erase(group);
   };
 
   struct Buffers {
@@ -142,12 +161,12 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, cons
         if (b.buffer.size() < t.length) b.buffer.resize(static_cast<std::size_t>(t.length));
         const std::span<std::byte> out(b.buffer.data(), static_cast<std::size_t>(t.length));
         t.fill(out, b.scratch);
-        const std::uint32_t crc = detail::crc32_update(0, out);
+        const std::uint32_t crc = groups ? detail::crc32_update(0, out) : 0;
         sink.write_at(t.offset, out);
         test_hooks::crash_point("task");
         t.fill = nullptr;  // release what the closure holds (sources, item parses)
         std::lock_guard lock(mutex);
-        record({t.offset, t.length, static_cast<std::uint32_t>(t.group), crc});
+        if (groups) record(t.group, {t.offset, t.length, crc});
         progress.advance(t.length);
       }
     } catch (...) {
@@ -157,16 +176,7 @@ std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, cons
   });
   progress.finish();
   if (made_bytes != total) internal_error("run_copy: the tasks make " + std::to_string(made_bytes) + " bytes, not " + std::to_string(total));
-
-  // Combine each group's pieces in offset order; they must tile the group without gaps.
-  std::sort(done.begin(), done.end(), [](const Done& a, const Done& b) { return a.group != b.group ? a.group < b.group : a.offset < b.offset; });
-  std::vector<std::uint32_t> crcs(groups, 0);
-  for (std::size_t i = 0; i < done.size(); ++i) {
-    const Done& d = done[i];
-    const bool continues = i > 0 && done[i - 1].group == d.group;
-    if (continues && d.offset != done[i - 1].offset + done[i - 1].length) internal_error("run_copy: the tasks of a CRC group leave a gap or overlap");
-    crcs[d.group] = continues ? detail::crc32_combine(crcs[d.group], d.crc, d.length) : d.crc;
-  }
+  if (!open.empty()) internal_error("run_copy: a CRC group's tasks did not all finish");
   return crcs;
 }
 

@@ -53,7 +53,9 @@ bool cancel_requested() noexcept;
 /// to `out` and returns false once there are none left (it may append none and return true). The
 /// engine calls it, one call at a time, whenever the tasks in hand run out, so that what a task
 /// holds (an item's parse, its source) exists only for the tasks in flight, whatever the number
-/// of tensors. Throws ckpt::Error for bad input, which stops the copy as a task's error does.
+/// of tensors. A call makes all the tasks of each CRC group it makes any of (NOTE [CRC groups in
+/// flight]); a group's tasks from two calls are an internal error. Throws ckpt::Error for bad
+/// input, which stops the copy as a task's error does.
 using TaskSource = std::function<bool(std::vector<CopyTask>& out)>;
 
 /// Runs every task `next` makes into `sinks[task.sink]`: `total` bytes in all (what progress
@@ -65,7 +67,8 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, const TaskSource& next
                                     const CopyOptions& options = {});
 
 /// Runs every task into `sink` and returns the CRC-32 of each of `groups` groups (0 for a group
-/// with no task). On the first error the other workers stop and the error is rethrown here; the
+/// with no task). With `groups` 0 no CRC is computed, tasks' groups are ignored, and the result
+/// is empty. On the first error the other workers stop and the error is rethrown here; the
 /// sink is left uncommitted (the caller's destructor then removes the temporary file). Throws
 /// kCancelled after request_cancel().
 std::vector<std::uint32_t> run_copy(PositionalSink& sink, std::vector<CopyTask> tasks, std::size_t groups,

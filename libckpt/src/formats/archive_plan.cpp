@@ -16,6 +16,7 @@ ArchivePlan::ArchivePlan(std::string archive_name, TorchSaveRecords records)
   for (const TorchSaveRecord r : records_) {
     layout.add(r.name, r.size);
     data_offsets_.push_back(layout.members().back().data_offset);
+    storages_ += r.storage ? 1 : 0;
   }
   size_ = layout.end() + layout.trailer_size();
 }
@@ -38,11 +39,13 @@ void ArchivePlan::place_heads(PositionalSink& sink, std::uint64_t base) const {
 
 void ArchivePlan::place_tail(PositionalSink& sink, std::uint64_t base, std::span<const std::uint32_t> storage_crcs) const {
   ZipLayout layout(archive_);
+  if (storage_crcs.size() != storages_) internal_error("ArchivePlan::place_tail: a CRC for each storage record");
   std::vector<std::uint32_t> crcs(records_.size());
+  std::size_t storage = 0;
   for (std::size_t i = 0; i < records_.size(); ++i) {
     layout.add(records_[i].name, records_[i].size);
     const TorchSaveRecord& r = records_[i];
-    crcs[i] = r.storage ? storage_crcs[i] : r.written ? *r.written : crc32_update(0, r.bytes);
+    crcs[i] = r.storage ? storage_crcs[storage++] : r.written ? *r.written : crc32_update(0, r.bytes);
     const ZipLayout::Member& m = layout.members().back();
     sink.write_at(base + m.data_offset + m.size, layout.descriptor(i, crcs[i]));
   }

@@ -30,6 +30,8 @@ class ArchivePlan {
   /// The whole archive's size, central directory included.
   std::uint64_t size() const noexcept { return size_; }
   const TorchSaveRecords& records() const noexcept { return records_; }
+  /// How many of the records are storages.
+  std::size_t storage_count() const noexcept { return storages_; }
   /// Where record `i`'s data starts, from the archive's first byte.
   std::uint64_t data_offset(std::size_t i) const { return data_offsets_.at(i); }
 
@@ -37,7 +39,7 @@ class ArchivePlan {
   /// starting at `base` of `sink`.
   void place_heads(PositionalSink& sink, std::uint64_t base) const;
   /// Writes the data descriptors and the central directory once the storages are in place;
-  /// `storage_crcs[i]` is record i's CRC-32 where record i is a storage (the rest are ignored).
+  /// `storage_crcs` holds each storage record's CRC-32, in record order (storage_count() of them).
   void place_tail(PositionalSink& sink, std::uint64_t base, std::span<const std::uint32_t> storage_crcs) const;
 
   /// Writes the archive in order through `sink`; `storage(i, write)` must pass record i's bytes,
@@ -49,6 +51,7 @@ class ArchivePlan {
   std::string archive_;
   TorchSaveRecords records_;
   std::vector<std::uint64_t> data_offsets_;
+  std::size_t storages_ = 0;
   std::uint64_t size_ = 0;
 };
 

@@ -303,10 +303,11 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
     std::size_t file = 0, item = 0, group = 0;
     std::uint64_t at = 0;
   };
-  // An item's bytes and CRC groups (a bytes item is one group; a tensor item one per record).
+  // An item's bytes and CRC groups (a bytes item is one group, whose CRC is not needed; a tensor
+  // item one per storage record).
   auto extent_of = [&](const DcpFilePlan::Ref& r) -> std::pair<std::uint64_t, std::size_t> {
     if (!r.tensor) return {item_bytes(plan, r, archives), 1};
-    return {item_bytes(plan, r, archives), archives.of(plan, r).records().size()};
+    return {item_bytes(plan, r, archives), archives.of(plan, r).storage_count()};
   };
   auto advance = [&](Cursor& c) {
     const auto [length, groups] = extent_of(files[c.file].items[c.item]);
@@ -354,8 +355,8 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
       add_range_tasks(out, o.item, 0, o.item->size(), make.at, make.group, max_task);
     } else {
       const ArchivePlan& a = archives.of(plan, r);
-      for (std::size_t i = 0; i < a.records().size(); ++i) {
-        if (a.records()[i].storage) plan.add_tasks(out, r.index, r.chunk, make.at + a.data_offset(i), make.group + i, max_task);
+      for (std::size_t i = 0, group = make.group; i < a.records().size(); ++i) {
+        if (a.records()[i].storage) plan.add_tasks(out, r.index, r.chunk, make.at + a.data_offset(i), group++, max_task);
       }
     }
     for (std::size_t k = first; k < out.size(); ++k) out[k].sink = make.file;
@@ -369,7 +370,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
     const DcpFilePlan::Ref& r = files[tail.file].items[tail.item];
     if (!r.tensor) continue;
     const ArchivePlan& a = archives.of(plan, r);
-    a.place_tail(*sinks[tail.file], tail.at, std::span(crcs).subspan(tail.group, a.records().size()));
+    a.place_tail(*sinks[tail.file], tail.at, std::span(crcs).subspan(tail.group, a.storage_count()));
   }
   for (auto& s : sinks) s->commit();
   return items;

@@ -396,12 +396,12 @@ class Merger {
   }
 
   // The tasks that write each of `leaves` whole at its offset, one tensor a call (NOTE [Tasks made
-  // as they are needed]); CRC group 0, or each tensor its own.
-  TaskSource whole_tensors(const std::vector<const Leaf*>& leaves, const std::vector<std::uint64_t>& offsets, bool group_each) {
-    return [this, &leaves, &offsets, group_each, i = std::size_t{0}](std::vector<CopyTask>& out) mutable {
+  // as they are needed]), for a format that keeps no CRC (their group is ignored).
+  TaskSource whole_tensors(const std::vector<const Leaf*>& leaves, const std::vector<std::uint64_t>& offsets) {
+    return [this, &leaves, &offsets, i = std::size_t{0}](std::vector<CopyTask>& out) mutable {
       if (i == leaves.size()) return false;
       const Leaf& l = *leaves[i];
-      detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, offsets[i], group_each ? i : 0, task_bytes_);
+      detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, offsets[i], 0, task_bytes_);
       return ++i < leaves.size();
     };
   }
@@ -490,24 +490,27 @@ class Merger {
 
     sink->resize(total);
     plan.place_heads(*sink, 0);
-    // A storage record's tasks are made when the engine needs them (NOTE [Tasks made as they are needed]).
-    std::size_t i = 0;
+    // A storage record's tasks are made when the engine needs them (NOTE [Tasks made as they are
+    // needed]); the storages are the CRC groups, in record order.
+    std::size_t i = 0, group = 0;
     const TaskSource next = [&](std::vector<CopyTask>& out) {
       for (; i < records.size(); ++i) {
         if (!records[i].storage) continue;
         const StorageSource& s = storage_of(records[i]);
         if (s.tensor) {
-          detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), i, task_bytes_);
+          detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), group, task_bytes_);
         } else {
           const SourcePtr& raw = raws_.at(s.raw);
-          add_range_tasks(out, raw, 0, raw->size(), plan.data_offset(i), i, task_bytes_);
+          add_range_tasks(out, raw, 0, raw->size(), plan.data_offset(i), group, task_bytes_);
         }
         ++i;
+        ++group;
         return true;
       }
       return false;
     };
-    const std::vector<std::uint32_t> crcs = run_copy(*sink, next, data_bytes, records.size(), {o_.threads, o_.progress, o_.task_delay_ms});
+    const std::vector<std::uint32_t> crcs =
+        run_copy(*sink, next, data_bytes, plan.storage_count(), {o_.threads, o_.progress, o_.task_delay_ms});
     plan.place_tail(*sink, 0, crcs);
     sink->commit();
     return result;
@@ -624,7 +627,7 @@ class Merger {
           sink->write_at(at, b);
           at += b.size();
         });
-        run_copy(*sink, whole_tensors(p.leaves, p.layout.begins, false), p.layout.size - p.layout.head_size, 1,
+        run_copy(*sink, whole_tensors(p.leaves, p.layout.begins), p.layout.size - p.layout.head_size, 0,  // no CRCs
                  {o_.threads, o_.progress, o_.task_delay_ms});
         sink->commit();
       }
@@ -661,9 +664,8 @@ class Merger {
     const std::vector<std::uint64_t> offsets = create_hdf5_layout(
         sink->temp_path(), datasets,
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
-    // One CRC group per dataset (HDF5 keeps no CRC): libhdf5 puts its own records between
-    // datasets once there are many, so the datasets together do not tile one range.
-    run_copy(*sink, whole_tensors(leaves, offsets, true), result.tensor_bytes, leaves.size(), {o_.threads, o_.progress, o_.task_delay_ms});
+    // HDF5 keeps no CRC: none is computed.
+    run_copy(*sink, whole_tensors(leaves, offsets), result.tensor_bytes, 0, {o_.threads, o_.progress, o_.task_delay_ms});
     sink->commit();
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);
