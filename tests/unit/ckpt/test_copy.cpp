@@ -53,6 +53,51 @@ TEST_CASE("run_copy writes every task at its offset and combines CRCs per group"
   CHECK(crcs[1] == ckpt::detail::crc32_update(0, std::span(data).subspan(1'000'000)));
 }
 
+TEST_CASE("run_copy from a task source: a group per call, CRCs combined as each completes; none without groups", "[ckpt][copy]") {
+  fsdp_test::TestDir dir;
+  const auto data = pattern(1'000'003);
+  const auto src = ckpt::memory_source(data);
+  // Group g is [g * 100'000, (g + 1) * 100'000) (the last is shorter), made by call g in pieces of
+  // 30,000 bytes, listed backwards.
+  const std::size_t ngroups = 11;
+  auto source = [&](bool split_a_group) {
+    return [&, split_a_group, g = std::size_t{0}](std::vector<ckpt::CopyTask>& out) mutable {
+      if (g == ngroups) return false;
+      const std::uint64_t begin = g * 100'000, end = std::min<std::uint64_t>(begin + 100'000, data.size());
+      std::vector<ckpt::CopyTask> made;
+      ckpt::add_range_tasks(made, src, begin, end - begin, begin, g, 30'000);
+      if (split_a_group && g == 5) made.pop_back();  // given again by the next call
+      if (split_a_group && g == 6) made.push_back(ckpt::CopyTask{begin - 10'000, 10'000, 5, nullptr});
+      out.insert(out.end(), std::make_move_iterator(made.rbegin()), std::make_move_iterator(made.rend()));
+      return ++g < ngroups;
+    };
+  };
+  const unsigned threads = GENERATE(1u, 3u);
+  {
+    auto sink = ckpt::open_positional_sink(dir.path() / "out", ckpt::Overwrite::kYes);
+    sink->resize(data.size());
+    const auto crcs = ckpt::run_copy(*sink, source(false), data.size(), ngroups, {threads, nullptr});
+    sink->commit();
+    CHECK(slurp(dir.path() / "out") == data);
+    REQUIRE(crcs.size() == ngroups);
+    for (std::size_t g = 0; g < ngroups; ++g) {
+      const std::size_t begin = g * 100'000, n = std::min<std::size_t>(100'000, data.size() - begin);
+      CHECK(crcs[g] == ckpt::detail::crc32_update(0, std::span(data).subspan(begin, n)));
+    }
+  }
+  {
+    auto sink = ckpt::open_positional_sink(dir.path() / "out0", ckpt::Overwrite::kYes);
+    sink->resize(data.size());
+    CHECK(ckpt::run_copy(*sink, source(false), data.size(), 0, {threads, nullptr}).empty());
+    sink->commit();
+    CHECK(slurp(dir.path() / "out0") == data);
+  }
+  auto sink = ckpt::open_positional_sink(dir.path() / "out1", ckpt::Overwrite::kYes);
+  sink->resize(data.size());
+  CHECK_THROWS_WITH(ckpt::run_copy(*sink, source(true), data.size(), ngroups, {threads, nullptr}),
+                    Catch::Contains("a CRC group's tasks came from two calls"));
+}
+
 TEST_CASE("run_copy stops on the first error and the uncommitted output disappears", "[ckpt][copy]") {
   fsdp_test::TestDir dir;
   std::vector<ckpt::CopyTask> tasks;
