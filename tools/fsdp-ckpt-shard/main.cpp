@@ -113,8 +113,7 @@ int main(int argc, char** argv) {
   return fsdp_tools::run_tool("fsdp-ckpt-shard", [&] {
     fsdp_tools::ProgressBar progress(flags.quiet || flags.dry_run);
     shard.progress = &progress;
-    const ckpt::Checkpoint input = ckpt::open_checkpoint(options.input);
-    const ckpt::ShardResult result = ckpt::shard(input, options.output, shard, flags.dry_run);
+    const ckpt::ShardResult result = ckpt::shard(ckpt::open_checkpoint(options.input), options.output, shard, flags.dry_run);
     if (flags.json) print_json(result, flags.dry_run);
     else print_text(result, flags.dry_run, shard);
     return 0;

@@ -496,14 +496,10 @@ void write_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::
   // checkpoint, by the rename of .metadata.tmp (what DCP's FileSystemWriter.finish does).
   const bool zstd = plan.compression == DcpCompression::kZstd;
   MetadataBuilder mb(plan.layout);
-  // Entries in the order of the state dict: (position, tensor?, index).
-  std::vector<std::tuple<std::size_t, bool, std::size_t>> order;
-  for (std::size_t i = 0; i < plan.tensors.size(); ++i) order.emplace_back(plan.tensors[i].position, true, i);
-  for (std::size_t i = 0; i < plan.objects.size(); ++i) order.emplace_back(plan.objects[i].position, false, i);
-  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  const std::vector<std::uint32_t> order = entry_order(plan.tensors, plan.objects);
   auto fqn_of = [&](std::size_t i) -> std::string_view {
-    const auto& [pos, tensor, k] = order[i];
-    return tensor ? plan.tensors[k].fqn : plan.objects[k].fqn;
+    const std::uint32_t c = order[i];
+    return c & kObjectEntry ? plan.objects[c & ~kObjectEntry].fqn : plan.tensors[c].fqn;
   };
   // The three dicts with an item per entry or chunk are made batch by batch while .metadata is
   // written, so a million chunks never stand in memory as a tree at once (pickle::write_streamed).
@@ -518,8 +514,8 @@ void write_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::
   ValuePtr planner = plan.layout == DcpLayout::kCurrent ? pk::make_dict() : pk::make_none();
   std::unordered_map<const pk::Value*, pk::DictBatches> streamed;
   streamed[sdm.get()] = batches(order.size(), [&](std::size_t i) {
-    const auto& [pos, tensor, k] = order[i];
-    return std::make_pair(pk::make_str(std::string(fqn_of(i))), tensor ? mb.tensor_meta(plan, plan.tensors[k]) : mb.bytes_meta());
+    const std::uint32_t c = order[i];
+    return std::make_pair(pk::make_str(std::string(fqn_of(i))), c & kObjectEntry ? mb.bytes_meta() : mb.tensor_meta(plan, plan.tensors[c]));
   });
   streamed[storage.get()] = batches(count, [&](std::size_t i) {
     const DcpItem it = item(i);
@@ -597,7 +593,7 @@ detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::v
   };
   std::size_t position = 0;
   for (const DcpWriteTensor& t : tensors) {
-    detail::DcpPlanTensor& p = plan.tensors.emplace_back(detail::DcpPlanTensor{t.fqn, position++, t.dtype, t.shape, t.requires_grad});
+    detail::DcpPlanTensor& p = plan.tensors.emplace_back(detail::DcpPlanTensor{.fqn = t.fqn, .position = position++, .dtype = t.dtype, .requires_grad = t.requires_grad, .shape = t.shape});
     for (const DcpWriteChunk& c : t.chunks) {
       const std::uint64_t need = box_volume(c.sizes) * element_size(t.dtype);
       const bool needed = !only_rank || c.rank == *only_rank;

@@ -61,8 +61,9 @@ std::string join(const std::string& a, const std::string& b) { return a.empty() 
 
 class Sharder {
  public:
-  Sharder(const Checkpoint& c, const std::filesystem::path& output, const ShardOptions& o)
-      : c_(c), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
+  // `spent`: the input, whose chunk lists may go once the data files are written, or nullptr.
+  Sharder(const Checkpoint& c, const std::filesystem::path& output, const ShardOptions& o, Checkpoint* spent = nullptr)
+      : c_(c), spent_(spent), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
 
   ShardResult run(bool dry_run) {
     check_options();
@@ -103,7 +104,7 @@ class Sharder {
     if (!selected(fqn)) return;
     if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
     const DType out = o_.dtype && is_castable_float(t->dtype) ? *o_.dtype : t->dtype;
-    plan_.tensors.push_back({fqn, position_++, out, t->shape, t->requires_grad});
+    plan_.tensors.push_back({.fqn = fqn, .position = position_++, .dtype = out, .requires_grad = t->requires_grad, .shape = t->shape});
     sources_.push_back(t);
   }
 
@@ -142,19 +143,17 @@ class Sharder {
     // read), since an FQN without one gets (fqn,) in both; otherwise each is made again.
     if (c_.planner_data.trees() == 0) plan_.shared_paths = &c_.planner_data;
     auto path_of = [&](const std::string& fqn) { return plan_.shared_paths ? std::vector<ValuePtr>{} : planner_path(fqn); };
-    std::vector<std::pair<std::size_t, std::function<void()>>> in_order;
-    for (const TensorEntry& t : c_.tensors) {
-      in_order.emplace_back(t.position, [this, &t, path_of] { add_tensor(t.name, path_of(t.name), &t); });
+    for (const std::uint32_t code : detail::entry_order(c_.tensors, c_.objects)) {
+      if (!(code & detail::kObjectEntry)) {
+        const TensorEntry& t = c_.tensors[code];
+        add_tensor(t.name, path_of(t.name), &t);
+        continue;
+      }
+      const ObjectEntry& e = c_.objects[code & ~detail::kObjectEntry];
+      if (!e.item) throw Error(ErrorKind::kFormat, c_.root.string(), std::nullopt, "entry '" + e.name + "' has no storage_data item");
+      // The item as it is (a torch.save archive), transforms undone.
+      add_object(e.name, path_of(e.name), reader_.item(*e.item));
     }
-    for (const ObjectEntry& e : c_.objects) {
-      in_order.emplace_back(e.position, [this, &e, path_of] {
-        if (!e.item) throw Error(ErrorKind::kFormat, c_.root.string(), std::nullopt, "entry '" + e.name + "' has no storage_data item");
-        // The item as it is (a torch.save archive), transforms undone.
-        add_object(e.name, path_of(e.name), reader_.item(*e.item));
-      });
-    }
-    std::stable_sort(in_order.begin(), in_order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& [pos, add] : in_order) add();
     for (const CheckpointFile& f : c_.files) {
       if (f.relative == "meta.pt") carry_meta(f);
     }
@@ -333,18 +332,16 @@ class Sharder {
       }
     }
     // Every item by the rank where it first appears, in state-dict order within a rank: a counting
-    // sort of 4-byte codes, tensor i (its chunk k appears at rank k, a whole one at 0) or kObject | j.
-    constexpr std::uint32_t kObject = 0x80000000u;
-    if (plan_.tensors.size() >= kObject || plan_.objects.size() >= kObject) internal_error("shard: 2^31 entries or more");
+    // sort of entry codes (entry_order), tensor i for each of its chunks (chunk k appears at rank k,
+    // a whole one at 0), kObjectEntry | j for an object (at rank 0).
+    const std::vector<std::uint32_t> entries = detail::entry_order(plan_.tensors, plan_.objects);
     auto each_item = [&](auto&& f) {  // f(code, rank where it first appears), in state-dict order
-      std::size_t i = 0, j = 0;
-      while (i < plan_.tensors.size() || j < plan_.objects.size()) {
-        if (j == plan_.objects.size() || (i < plan_.tensors.size() && plan_.tensors[i].position < plan_.objects[j].position)) {
-          const std::uint32_t code = static_cast<std::uint32_t>(i++);
-          for (std::size_t k = 0; k < plan_.tensors[code].chunk_count; ++k) f(code, whole[code] ? 0 : k);
-        } else {
-          f(kObject | static_cast<std::uint32_t>(j++), 0);
+      for (const std::uint32_t code : entries) {
+        if (code & detail::kObjectEntry) {
+          f(code, 0);
+          continue;
         }
+        for (std::size_t k = 0; k < plan_.tensors[code].chunk_count; ++k) f(code, whole[code] ? 0 : k);
       }
     };
     std::vector<std::size_t> start(world + 1, 0);
@@ -376,8 +373,8 @@ class Sharder {
     for (std::size_t r = 0; r < world; ++r) {
       for (std::size_t n = start[r]; n < start[r + 1]; ++n) {
         const std::uint32_t code = order[n];
-        if (code & kObject) {
-          plan_.objects[code & ~kObject].rank = assign(0, o_.world_size, 0);
+        if (code & detail::kObjectEntry) {
+          plan_.objects[code & ~detail::kObjectEntry].rank = assign(0, o_.world_size, 0);
           continue;
         }
         const detail::DcpPlanTensor& t = plan_.tensors[code];
@@ -595,7 +592,10 @@ class Sharder {
       for (const auto& d : std::filesystem::directory_iterator(dir)) {
         if (!keep.count(d.path().filename().string())) std::filesystem::remove_all(d.path());
       }
-      detail::give_back_freed_memory();  // the copy's records
+      if (spent_) {
+        for (TensorEntry& t : spent_->tensors) std::vector<Chunk>().swap(t.chunks);  // copied: .metadata names the plan's
+      }
+      detail::give_back_freed_memory();  // the copy's records, the input's chunk lists
       if (from_plan) {
         detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpFilePlan>(files_));
       } else {
@@ -616,6 +616,7 @@ class Sharder {
   }
 
   const Checkpoint& c_;
+  Checkpoint* spent_;
   std::filesystem::path output_;
   const ShardOptions& o_;
   ChunkReader reader_;
@@ -640,6 +641,11 @@ class Sharder {
 
 ShardResult shard(const Checkpoint& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run) {
   Sharder s(input, output, options);
+  return s.run(dry_run);
+}
+
+ShardResult shard(Checkpoint&& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run) {
+  Sharder s(input, output, options, &input);
   return s.run(dry_run);
 }
 

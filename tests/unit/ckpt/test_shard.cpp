@@ -44,7 +44,7 @@ TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[
   plan.files_per_rank = 2;
   plan.tensors.reserve(3);  // the chunks are added through references to them
   auto tensor = [&](const char* fqn, std::int64_t n) -> ckpt::detail::DcpPlanTensor& {
-    return plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{fqn, plan.tensors.size(), ckpt::DType::kFloat32, {n}, false});
+    return plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{.fqn = fqn, .position = plan.tensors.size(), .shape = {n}});
   };
   auto chunk = [&](ckpt::detail::DcpPlanTensor& t, int rank, std::int64_t at, std::int64_t n) {
     const std::int64_t offsets[] = {at}, sizes[] = {n};
@@ -78,8 +78,8 @@ TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[
 TEST_CASE("DCP plan chunks: one table, a tensor's chunks together, boxes of the tensor's rank", "[ckpt][shard]") {
   ckpt::detail::DcpPlan plan;
   plan.tensors.reserve(2);
-  auto& a = plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{"a", 0, ckpt::DType::kFloat32, {4, 3}, false});
-  auto& b = plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{"b", 1, ckpt::DType::kFloat32, {5}, false});
+  auto& a = plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{.fqn = "a", .position = 0, .shape = {4, 3}});
+  auto& b = plan.tensors.emplace_back(ckpt::detail::DcpPlanTensor{.fqn = "b", .position = 1, .shape = {5}});
   const std::int64_t a0_off[] = {0, 0}, a0_size[] = {2, 3}, a1_off[] = {2, 0}, a1_size[] = {2, 3}, b_off[] = {0}, b_size[] = {5};
   plan.chunks.add(a, 1, a0_off, a0_size);
   plan.chunks.add(a, 0, a1_off, a1_size);
