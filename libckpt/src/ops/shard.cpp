@@ -385,6 +385,8 @@ class Sharder {
         plan_.chunks.set_rank(t, k, assign(first, end, box_volume(c.sizes) * element_size(t.dtype)));
       }
     }
+    // Chunk k's rank is at least k and below chunk k + 1's, so each tensor's chunks are in rank
+    // order, the order .metadata lists them in (the ranks' plans one after another).
   }
 
   ShardResult describe() {
@@ -403,21 +405,23 @@ class Sharder {
       detail::add_box_tasks(tasks, reader_, *sources_[tensor], Box{Dims(c.offsets), Dims(c.sizes)}, planned.dtype, base, group, max_task,
                             o_.max_memory);
     };
-    std::size_t j = 0;
-    for (const detail::DcpPlanTensor& t : plan_.tensors) {
-      const std::uint64_t nbytes = box_volume(t.shape) * element_size(t.dtype);
-      r.tensor_bytes += nbytes;
-      if (!o_.report_entries) continue;
-      for (; j < plan_.objects.size() && plan_.objects[j].position < t.position; ++j) report_object(r, plan_.objects[j]);
-      ShardedEntry out{std::string(t.fqn), "tensor", t.dtype, t.shape, nbytes, {}};
-      for (std::size_t k = 0; k < t.chunk_count; ++k) {
-        const detail::DcpPlanChunk c = plan_.chunks.get(t, k);
-        out.chunks.push_back({c.rank, Dims(c.offsets), Dims(c.sizes)});
+    auto nbytes = [](const detail::DcpPlanTensor& t) { return box_volume(t.shape) * element_size(t.dtype); };  // in the output dtype
+    for (const detail::DcpPlanTensor& t : plan_.tensors) r.tensor_bytes += nbytes(t);
+    if (o_.report_entries) {  // what the plan holds, as the result shows it
+      for (const std::uint32_t code : detail::entry_order(plan_.tensors, plan_.objects)) {
+        if (code & detail::kObjectEntry) {
+          const detail::DcpPlanObject& o = plan_.objects[code & ~detail::kObjectEntry];
+          r.entries.push_back({std::string(o.fqn), "object", std::nullopt, {}, 0, {{o.rank, {}, {}}}});
+          continue;
+        }
+        const detail::DcpPlanTensor& t = plan_.tensors[code];
+        ShardedEntry out{std::string(t.fqn), "tensor", t.dtype, t.shape, nbytes(t), {}};
+        for (std::size_t k = 0; k < t.chunk_count; ++k) {
+          const detail::DcpPlanChunk c = plan_.chunks.get(t, k);
+          out.chunks.push_back({c.rank, Dims(c.offsets), Dims(c.sizes)});
+        }
+        r.entries.push_back(std::move(out));
       }
-      r.entries.push_back(std::move(out));
-    }
-    if (o_.report_entries) {
-      for (; j < plan_.objects.size(); ++j) report_object(r, plan_.objects[j]);
       for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
     }
     detail::validate_dcp_plan(plan_);
@@ -427,10 +431,6 @@ class Sharder {
     }
     for (const auto& [name, src] : carried_) r.files.push_back({output_ / name, src->size(), 0, o_.process_index == 0});
     return r;
-  }
-
-  static void report_object(ShardResult& r, const detail::DcpPlanObject& o) {
-    r.entries.push_back({std::string(o.fqn), "object", std::nullopt, {}, 0, {{o.rank, {}, {}}}});
   }
 
   bool mine(int rank) const { return rank % o_.process_count == o_.process_index; }
