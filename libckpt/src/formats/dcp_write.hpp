@@ -51,8 +51,9 @@ static_assert(sizeof(DcpPlanTensor) <= 72, "a reshard plans one per tensor");
 /// chunks per tensor cost twice as much (a vector, its heap block and malloc's header each).
 class DcpPlanChunks {
  public:
-  /// Appends a chunk to `t`. Chunks are added tensor after tensor: `t` has none yet, or its are
-  /// the last added. Throws kInvalidArgument when the box has not as many dimensions as `t`.
+  /// Appends a chunk to `t`. Chunks are added tensor after tensor: `t` has none yet, or its
+  /// chunks are the last ones added. Throws kInvalidArgument when the box has not as many
+  /// dimensions as `t`.
   void add(DcpPlanTensor& t, int rank, std::span<const std::int64_t> offsets, std::span<const std::int64_t> sizes);
   DcpPlanChunk get(const DcpPlanTensor& t, std::size_t k) const noexcept {
     const std::size_t n = t.shape.size();

@@ -8,7 +8,6 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <tuple>
 #include <unordered_map>
 #include <thread>
 
