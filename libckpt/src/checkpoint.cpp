@@ -121,6 +121,7 @@ Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path) {
   SafetensorsFile f = read_safetensors(src);
   Checkpoint c = single_file(Format::kSafetensors, path, "safetensors", src->size());
   c.metadata = f.metadata;
+  c.tensors.reserve(f.tensors.size());  // grown by doubling, both copies would stand for a moment
   for (const auto& t : f.tensors) add_safetensors_tensor(c, t, 0);
   return c;
 }

@@ -105,7 +105,7 @@ int dump_safetensors(const std::string& path) {
   json tensors = json::array();
   for (const auto& t : f.tensors) {
     tensors.push_back({{"name", t.name}, {"dtype", ckpt::name(t.dtype)}, {"shape", t.shape}, {"begin", t.begin},
-                       {"end", t.end}, {"hex", hex(t.data->read_vector(0, t.data->size()))}});
+                       {"end", t.end}, {"hex", hex(f.data(t)->read_vector(0, t.end - t.begin))}});
   }
   j["tensors"] = tensors;
   std::cout << j.dump() << "\n";

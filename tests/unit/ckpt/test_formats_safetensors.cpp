@@ -38,10 +38,10 @@ TEST_CASE("safetensors round trip in memory", "[ckpt][safetensors]") {
   CHECK(f.tensors[1].name == "a");
   CHECK(f.tensors[2].name == "z");
   CHECK(f.tensors[3].name == "b");
-  CHECK(f.tensors[1].data->read_vector(0, 8) == bytes_of("12345678"));
+  CHECK(f.data(f.tensors[1])->read_vector(0, 8) == bytes_of("12345678"));
   CHECK(f.tensors[0].shape.empty());
   CHECK(f.tensors[1].begin % 8 == 0);
-  CHECK(f.tensors[3].data->name() == "m.safetensors[b]");
+  CHECK(f.data(f.tensors[3])->name() == "m.safetensors[b]");
   REQUIRE_THROWS_MATCHES(ckpt::write_safetensors(sink, {{"c", DType::kComplex128, {1}, ckpt::memory_source(std::vector<std::byte>(16))}}),
                          ckpt::Error, IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "safetensors cannot store"));
 }
