@@ -97,12 +97,20 @@ class Sharder {
     return false;
   }
 
+  // The entry's planner_data path, unless the plan shares the input's, or it is (fqn,), which is
+  // what .metadata gives an FQN without one (100,000 of those held about 20 MB).
+  void keep_path(std::string_view fqn, std::vector<ValuePtr> path) {
+    if (plan_.shared_paths) return;
+    if (path.size() == 1 && path[0]->str() && *path[0]->str() == fqn) return;
+    plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
+  }
+
   // The plan is made as the entries are found: its tensors and objects, in order, without chunks
   // (placing adds them) or ranks. `fqn` must outlive the plan: an input entry's name, or one kept
   // by keep().
   void add_tensor(std::string_view fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
     if (!selected(fqn)) return;
-    if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
+    keep_path(fqn, std::move(path));
     const DType out = o_.dtype && is_castable_float(t->dtype) ? *o_.dtype : t->dtype;
     plan_.tensors.push_back({.fqn = fqn, .position = position_++, .dtype = out, .requires_grad = t->requires_grad, .shape = t->shape});
     sources_.push_back(t);
@@ -110,7 +118,7 @@ class Sharder {
 
   void add_object(std::string_view fqn, std::vector<ValuePtr> path, SourcePtr item) {
     if (!selected(fqn)) return;
-    if (!plan_.shared_paths) plan_.planner_data.set(fqn, pk::make_tuple(std::move(path)));
+    keep_path(fqn, std::move(path));
     plan_.objects.push_back({fqn, position_++, -1, std::move(item)});
   }
 
