@@ -2,24 +2,29 @@
 # SPDX-License-Identifier: Apache-2.0
 """Load tests (issue: prove it under load): a DCP of 100,000 small tensors is inspected, verified,
 merged to safetensors, .pt and HDF5, and resharded, each result compared with its source by
-`fsdp-ckpt-inspect diff`; `.metadata` with 1,000,000 chunks is inspected and verified. Every run's
+`fsdp-ckpt-inspect diff`; the merged safetensors and .pt files are inspected and resharded in
+turn; `.metadata` with 1,000,000 chunks is inspected and verified. Every run's
 wall time and peak RSS are printed. Memory is held to the merge issue's bound of 64 MiB where the
 tools meet it at 100,000 tensors (issue 8, item 5), and elsewhere to bounds that grow with the
 index only, so that a cost that grows faster (a tree of the whole .metadata, a quadratic lookup,
 every copy task or output pickle node made at once) fails them, and that what the tools reached
 does not slip back:
   inspect, verify, merge to safetensors and .pt,
-  shard                                          64 MiB (+ 256 bytes per tensor past 100,000)
+  shard; inspect and shard of the merged
+  safetensors file                               64 MiB (+ 256 bytes per tensor past 100,000)
+  inspect and shard of the merged .pt file       64 MiB + 3 KiB per tensor (data.pkl as a tree)
   merge to HDF5                                  64 MiB + 1 KiB per tensor
   inspect and verify of many chunks              64 MiB + 128 bytes per chunk
   diff, the test's own writer and readers        64 MiB + 4 KiB per tensor; 1 KiB per chunk
 (Measured at 100,000 tensors x 2 ranks, peak RSS by GNU time, RelWithDebInfo build: inspect 50 MiB,
 verify --deep 50, merge to safetensors 59, to .pt 62, to HDF5 123 (most of it libhdf5's), shard
-to 3 ranks 61, against a 42 MiB .metadata; diff of two checkpoints 130-323. At 1,000,000 chunks
-inspect and verify take 121 MiB.)
+to 3 ranks 61, against a 42 MiB .metadata; with the merged safetensors file as input, inspect 53
+and shard 61; with the merged .pt file, 273 and 325; diff of two checkpoints 130-323. At
+1,000,000 chunks inspect and verify take 121 MiB.)
 The 4 GiB single-tensor case is in bench/load (disk)."""
 import argparse
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -85,6 +90,7 @@ with tempfile.TemporaryDirectory(prefix="fsdp-load-") as work:
     bound = 64 * MIB + 4 * 1024 * n   # diff, and this test's own writer and readers
     flat = 64 * MIB + 256 * max(0, n - 100_000)  # inspect, verify, merge to safetensors and .pt, shard
     h5_bound = 64 * MIB + 1024 * n
+    pt_bound = 64 * MIB + 3 * 1024 * n  # a torch.save input: its data.pkl is read as a tree
     many = os.path.join(work, "many")
     run(f"write {n} tensors x 2 ranks", [a.probe, "write-load", many, "2", str(n), "4", "2"], bound)
     out = run("inspect --json", [a.inspect, many, "--json"], flat, stdout=subprocess.PIPE)
@@ -101,6 +107,13 @@ with tempfile.TemporaryDirectory(prefix="fsdp-load-") as work:
     pt = os.path.join(work, "many.pt")
     run("merge -> .pt", [a.merge, many, "-o", pt], flat)
     equal(".pt", many, pt, bound, n)
+    # The merged files as inputs: a safetensors header of 100,000 entries, a data.pkl of 100,000 tensors.
+    run("inspect (safetensors input)", [a.inspect, st], flat)
+    run("shard -> 3 ranks (safetensors input)", [a.shard, st, "-o", os.path.join(work, "st3"), "-n", "3"], flat)
+    shutil.rmtree(os.path.join(work, "st3"))
+    run("inspect (.pt input)", [a.inspect, pt], pt_bound)
+    run("shard -> 3 ranks (.pt input)", [a.shard, pt, "-o", os.path.join(work, "pt3"), "-n", "3"], pt_bound)
+    shutil.rmtree(os.path.join(work, "pt3"))
     os.remove(st)
     os.remove(pt)
     if a.hdf5:
