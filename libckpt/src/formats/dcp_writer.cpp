@@ -288,6 +288,48 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
   return items;
 }
 
+// Walks every item of every file of a plan, in order, with where it goes (its file and offset) and
+// its first CRC group. write_uncompressed walks three times (to lay the files out, to make the
+// tasks as the engine needs them, to place the archives' tails); write_dcp_metadata(files) once,
+// to say where each item went.
+class ItemWalk {
+ public:
+  ItemWalk(const DcpPlan& plan, std::span<const DcpFilePlan> files, ItemArchives& archives) : plan_(plan), files_(files), archives_(archives) {
+    skip_empty();
+  }
+  bool done() const noexcept { return file_ == files_.size(); }
+  std::size_t file_index() const noexcept { return file_; }
+  const DcpFilePlan& file() const noexcept { return files_[file_]; }
+  const DcpFilePlan::Ref& ref() const noexcept { return files_[file_].items[item_]; }
+  std::uint64_t at() const noexcept { return at_; }
+  std::size_t group() const noexcept { return group_; }
+  std::uint64_t length() const { return item_bytes(plan_, ref(), archives_); }
+  /// The item's CRC groups: a bytes item is one, whose CRC is not needed; a tensor item one per
+  /// storage record.
+  std::size_t groups() const { return ref().tensor ? archives_.of(plan_, ref()).storage_count() : 1; }
+  void next() {
+    at_ += length();
+    group_ += groups();
+    if (++item_ == files_[file_].items.size()) {
+      if (at_ != files_[file_].size) internal_error("write_dcp_files: a file's size differs from its plan");
+      ++file_;
+      item_ = 0;
+      at_ = 0;
+      skip_empty();
+    }
+  }
+
+ private:
+  void skip_empty() noexcept {
+    while (file_ < files_.size() && files_[file_].items.empty()) ++file_;
+  }
+  const DcpPlan& plan_;
+  std::span<const DcpFilePlan> files_;
+  ItemArchives& archives_;
+  std::size_t file_ = 0, item_ = 0, group_ = 0;
+  std::uint64_t at_ = 0;
+};
+
 std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                         const CopyOptions& copy, ItemPlaces places) {
   ItemArchives archives(plan.layout);
@@ -296,33 +338,6 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   std::vector<PositionalSink*> targets;
   std::vector<DcpItem> items;
   if (places == ItemPlaces::kReturn) items.reserve(item_count(files));
-  // Walks every item of every file in order, with where it goes and its first CRC group: once
-  // to lay the files out, again (one item a call) to make its tasks when the engine needs them.
-  struct Cursor {
-    std::size_t file = 0, item = 0, group = 0;
-    std::uint64_t at = 0;
-  };
-  // An item's bytes and CRC groups (a bytes item is one group, whose CRC is not needed; a tensor
-  // item one per storage record).
-  auto extent_of = [&](const DcpFilePlan::Ref& r) -> std::pair<std::uint64_t, std::size_t> {
-    if (!r.tensor) return {item_bytes(plan, r, archives), 1};
-    return {item_bytes(plan, r, archives), archives.of(plan, r).storage_count()};
-  };
-  auto advance = [&](Cursor& c) {
-    const auto [length, groups] = extent_of(files[c.file].items[c.item]);
-    c.at += length;
-    c.group += groups;
-    if (++c.item == files[c.file].items.size()) {
-      if (c.at != files[c.file].size) internal_error("write_dcp_files: a file's size differs from its plan");
-      ++c.file;
-      c.item = 0;
-      c.at = 0;
-    }
-  };
-  auto skip_empty = [&](Cursor& c) {
-    while (c.file < files.size() && files[c.file].items.empty()) ++c.file;
-  };
-  Cursor lay;
   std::uint64_t total = 0;
   for (const DcpFilePlan& f : files) {
     if (f.items.empty() && f.size != 0) internal_error("write_dcp_files: a file's size differs from its plan");
@@ -330,46 +345,44 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
     targets.push_back(sinks.back().get());
     sinks.back()->resize(f.size);
   }
-  for (skip_empty(lay); lay.file < files.size(); skip_empty(lay)) {
-    const DcpFilePlan::Ref& r = files[lay.file].items[lay.item];
+  ItemWalk lay(plan, files, archives);
+  for (; !lay.done(); lay.next()) {
+    const DcpFilePlan::Ref& r = lay.ref();
     if (r.tensor) {
       const ArchivePlan& a = archives.of(plan, r);
-      a.place_heads(*sinks[lay.file], lay.at);
+      a.place_heads(*sinks[lay.file_index()], lay.at());
       for (const TorchSaveRecord rec : a.records()) total += rec.storage ? rec.size : 0;
+    } else {
+      total += lay.length();
     }
-    const std::uint64_t length = extent_of(r).first;
-    if (!r.tensor) total += length;
-    if (places == ItemPlaces::kReturn) items.push_back(item_of(plan, r, files[lay.file].name, lay.at, length));
-    advance(lay);
+    if (places == ItemPlaces::kReturn) items.push_back(item_of(plan, r, lay.file().name, lay.at(), lay.length()));
   }
-  const std::size_t groups = lay.group;
-  Cursor make;
+  const std::size_t groups = lay.group();
+  ItemWalk make(plan, files, archives);
   const TaskSource next = [&](std::vector<CopyTask>& out) {
-    skip_empty(make);
-    if (make.file == files.size()) return false;
-    const DcpFilePlan::Ref& r = files[make.file].items[make.item];
+    if (make.done()) return false;
+    const DcpFilePlan::Ref& r = make.ref();
     const std::size_t first = out.size();
     if (!r.tensor) {
       const DcpPlanObject& o = plan.objects[r.index];
-      add_range_tasks(out, o.item, 0, o.item->size(), make.at, make.group, max_task);
+      add_range_tasks(out, o.item, 0, o.item->size(), make.at(), make.group(), max_task);
     } else {
       const ArchivePlan& a = archives.of(plan, r);
-      for (std::size_t i = 0, group = make.group; i < a.records().size(); ++i) {
-        if (a.records()[i].storage) plan.add_tasks(out, r.index, r.chunk, make.at + a.data_offset(i), group++, max_task);
+      for (std::size_t i = 0, group = make.group(); i < a.records().size(); ++i) {
+        if (a.records()[i].storage) plan.add_tasks(out, r.index, r.chunk, make.at() + a.data_offset(i), group++, max_task);
       }
     }
-    for (std::size_t k = first; k < out.size(); ++k) out[k].sink = make.file;
-    advance(make);
+    for (std::size_t k = first; k < out.size(); ++k) out[k].sink = make.file_index();
+    make.next();
     return true;
   };
   const std::vector<std::uint32_t> crcs = run_copy(targets, next, total, groups, copy);
   // The archives' tails, now that their CRCs are known: a third walk (a list of where each tensor
   // item was held 10 MB at 200,000 items).
-  for (Cursor tail; skip_empty(tail), tail.file < files.size(); advance(tail)) {
-    const DcpFilePlan::Ref& r = files[tail.file].items[tail.item];
-    if (!r.tensor) continue;
-    const ArchivePlan& a = archives.of(plan, r);
-    a.place_tail(*sinks[tail.file], tail.at, std::span(crcs).subspan(tail.group, a.storage_count()));
+  for (ItemWalk tail(plan, files, archives); !tail.done(); tail.next()) {
+    if (!tail.ref().tensor) continue;
+    const ArchivePlan& a = archives.of(plan, tail.ref());
+    a.place_tail(*sinks[tail.file_index()], tail.at(), std::span(crcs).subspan(tail.group(), a.storage_count()));
   }
   for (auto& s : sinks) s->commit();
   return items;
@@ -544,20 +557,12 @@ void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, s
   if (plan.compression != DcpCompression::kNone) internal_error("write_dcp_metadata: compressed items' places are known only once written");
   // Each item's place follows from the plan, file after file (what write_uncompressed lays out).
   ItemArchives archives(plan.layout);
-  std::size_t file = 0, at_item = 0, next = 0;
-  std::uint64_t at = 0;
+  ItemWalk walk(plan, files, archives);
+  std::size_t next = 0;
   write_metadata(dir, plan, item_count(files), [&](std::size_t i) {
-    if (i != next++) internal_error("write_dcp_metadata: items asked for out of order");
-    while (at_item == files[file].items.size()) {
-      ++file;
-      at_item = 0;
-      at = 0;
-    }
-    const DcpFilePlan& f = files[file];
-    const DcpFilePlan::Ref& r = f.items[at_item++];
-    const std::uint64_t length = item_bytes(plan, r, archives);
-    const DcpItem it = item_of(plan, r, f.name, at, length);
-    at += length;
+    if (i != next++ || walk.done()) internal_error("write_dcp_metadata: items asked for out of order");
+    const DcpItem it = item_of(plan, walk.ref(), walk.file().name, walk.at(), walk.length());
+    walk.next();
     return it;
   });
 }
