@@ -66,6 +66,16 @@ void store(std::byte* p, T v) noexcept {
   std::memcpy(p, &v, sizeof v);
 }
 
+// Element `i` of `p`, a castable float dtype, as a double (exactly).
+double element(const std::byte* p, DType d, std::size_t i) noexcept {
+  switch (d) {
+    case DType::kFloat64: return load<double>(p + 8 * i);
+    case DType::kFloat32: return load<float>(p + 4 * i);
+    case DType::kFloat16: return half_to_float(load<std::uint16_t>(p + 2 * i));
+    default: return bf16_to_float(load<std::uint16_t>(p + 2 * i));
+  }
+}
+
 // Reads element i as the widest type the source holds exactly: double for float64, float otherwise.
 template <typename Out>
 void convert_all(std::span<const std::byte> in, DType from, std::size_t n, Out&& put) {
@@ -93,13 +103,13 @@ bool is_castable_float(DType d) noexcept {
   return d == DType::kFloat64 || d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
 }
 
-void cast(std::span<const std::byte> in, DType from, std::span<std::byte> out, DType to) {
+CastDamage cast(std::span<const std::byte> in, DType from, std::span<std::byte> out, DType to) {
   if (!is_castable_float(from) || !is_castable_float(to)) internal_error("cast between dtypes that are not castable floats");
   const std::size_t n = in.size() / element_size(from);
   if (in.size() % element_size(from) != 0 || out.size() != n * element_size(to)) internal_error("cast: sizes disagree");
   if (from == to) {
     std::memcpy(out.data(), in.data(), in.size());
-    return;
+    return {};
   }
   std::byte* q = out.data();
   switch (to) {
@@ -117,6 +127,54 @@ void cast(std::span<const std::byte> in, DType from, std::span<std::byte> out, D
       break;
     default: internal_error("unreachable");
   }
+  // Only a cast to fewer exponent or mantissa bits loses values: float64 to anything narrower,
+  // float32 to a 16-bit type, float16 to bfloat16 (fewer mantissa bits: its subnormals flush) and
+  // bfloat16 to float16 (a narrower exponent range).
+  const bool narrows = element_size(to) < element_size(from) || (from == DType::kFloat16 && to == DType::kBFloat16) ||
+                       (from == DType::kBFloat16 && to == DType::kFloat16);
+  CastDamage damage;
+  if (!narrows) return damage;
+  convert_all(in, from, n, [&](std::size_t i, auto v) {
+    const double x = static_cast<double>(v), y = element(q, to, i);
+    damage.overflowed += std::isfinite(x) && std::isinf(y);
+    damage.flushed += x != 0 && !std::isnan(x) && y == 0;
+  });
+  return damage;
+}
+
+void CastLedger::record(std::string_view tensor, CastDamage damage) {
+  if (!damage.any()) return;
+  std::lock_guard lock(mutex_);
+  auto it = damaged_.find(tensor);
+  if (it == damaged_.end()) it = damaged_.emplace(std::string(tensor), CastDamage{}).first;
+  it->second.overflowed += damage.overflowed;
+  it->second.flushed += damage.flushed;
+}
+
+std::map<std::string, CastDamage> CastLedger::damaged() const {
+  std::lock_guard lock(mutex_);
+  return {damaged_.begin(), damaged_.end()};
+}
+
+void CastLedger::conclude(DType to, CastCheck check, Progress* progress, const std::string& where) const {
+  const std::map<std::string, CastDamage> damaged = this->damaged();
+  if (damaged.empty()) return;
+  auto text = [&](const std::string& tensor, const CastDamage& d) {
+    std::string s = "'" + tensor + "' cast to " + std::string(name(to)) + ":";
+    if (d.overflowed) s += " " + std::to_string(d.overflowed) + " finite value" + (d.overflowed == 1 ? "" : "s") + " became inf";
+    if (d.overflowed && d.flushed) s += ",";
+    if (d.flushed) s += " " + std::to_string(d.flushed) + " non-zero value" + (d.flushed == 1 ? "" : "s") + " became 0";
+    return s;
+  };
+  if (check == CastCheck::kStrict) {
+    std::string s;
+    for (const auto& [tensor, d] : damaged) s += (s.empty() ? "" : "; ") + text(tensor, d);
+    throw Error(ErrorKind::kMismatch, where, std::nullopt,
+                "--strict-cast: " + std::to_string(damaged.size()) + " tensor" + (damaged.size() == 1 ? "" : "s") +
+                    " would lose values: " + s + "; nothing was written");
+  }
+  if (!progress) return;
+  for (const auto& [tensor, d] : damaged) progress->note(text(tensor, d) + " (--strict-cast refuses such a cast)");
 }
 
 }  // namespace ckpt

@@ -256,7 +256,8 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
   }
   if (writer) {
     try {
-      auto sink = ckpt::open_file_sink(file, ckpt::Overwrite::kYes);
+      const auto replaces = std::filesystem::is_directory(file) ? ckpt::OutputKind::kDcpDirectory : ckpt::OutputKind::kFile;
+      auto sink = ckpt::open_file_sink(file, ckpt::Overwrite::kYes, {}, replaces);
       builder.write(*sink, *pk::make_dict(std::move(root)));
       sink->commit();
     } catch (const ckpt::Error& e) {

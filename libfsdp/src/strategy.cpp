@@ -11,6 +11,9 @@
 #include <iostream>
 #include <set>
 
+#include "ckpt/error.hpp"
+#include "ckpt/io.hpp"
+
 namespace fsdp {
 namespace pk = ckpt::pickle;
 namespace fs = std::filesystem;
@@ -315,6 +318,14 @@ void Strategy::save_checkpoint(const fs::path& path, const State& state, const F
   if (fs::is_directory(path) && !sharded && !is_sharded_checkpoint(path)) {
     throw Error("the checkpoint path exists and is a directory: " + path.string());
   }
+  // What the path holds may be replaced only as every tool replaces an output with --force (NOTE
+  // [What --force replaces]): a sharded save a file or a DCP directory, a full save a file or
+  // (as Lightning's) a sharded checkpoint. Every rank sees the same answer.
+  try {
+    ckpt::check_output(path, fs::is_directory(path) ? ckpt::OutputKind::kDcpDirectory : ckpt::OutputKind::kFile, ckpt::Overwrite::kYes);
+  } catch (const ckpt::Error& e) {
+    throw Error(std::string("cannot save the checkpoint: ") + e.what());
+  }
   const Split s = split(state, "save");
   SaveOptions o;
   o.model_key = s.model_key;
@@ -334,9 +345,7 @@ void Strategy::save_checkpoint(const fs::path& path, const State& state, const F
     g.barrier();
     save_sharded(path, *s.model, g, o);
   } else {
-    if (g.rank() == 0 && is_sharded_checkpoint(path)) fs::remove_all(path);
-    g.barrier();
-    save_full(path, *s.model, g, o);
+    save_full(path, *s.model, g, o);  // a sharded checkpoint there is replaced once the file is whole
   }
 }
 

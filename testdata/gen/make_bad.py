@@ -230,6 +230,21 @@ def shape_overflow(m, d):
     t.size = torch.Size([1 << 40] * 3)
 
 
+def numel_wraps(m, d):
+    # (2^40, 2^40) in two chunks of (2^39, 2^40): every element count wraps 64 bits to 0, so the
+    # counts agree unless they are checked.
+    fqn = tensor_fqn(m)
+    t, h = m.state_dict_metadata[fqn], 1 << 39
+    old = t.chunks[1].offsets
+    t.size = torch.Size([2 * h, 2 * h])
+    t.chunks[0].offsets, t.chunks[0].sizes = torch.Size([0, 0]), torch.Size([h, 2 * h])
+    t.chunks[1].offsets, t.chunks[1].sizes = torch.Size([h, 0]), torch.Size([h, 2 * h])
+    for k in [k for k in m.storage_data if k.fqn == fqn and k.offset == old]:
+        v = m.storage_data.pop(k)
+        k.offset = t.chunks[1].offsets
+        m.storage_data[k] = v
+
+
 def zero_size_but_stored(m, d):
     t = m.state_dict_metadata[tensor_fqn(m)]
     t.chunks[0].sizes = torch.Size([0] + list(t.chunks[0].sizes)[1:])
@@ -249,6 +264,7 @@ edit("dcp_chunks_overlap", "DCP: two chunks of a tensor overlap", chunks_overlap
 edit("dcp_chunks_hole", "DCP: a tensor's chunks leave a hole", chunks_hole)
 edit("dcp_negative_dim", "DCP: a tensor with a negative dimension", negative_dim)
 edit("dcp_shape_overflow", "DCP: a shape whose byte count overflows 64 bits", shape_overflow)
+edit("dcp_numel_wraps", "DCP: a shape (2^40, 2^40) whose element counts wrap 64 bits to agree", numel_wraps)
 edit("dcp_chunk_shrunk", "DCP: a chunk's box no longer matches its item", zero_size_but_stored)
 edit("dcp_path_dotdot", "DCP: relative_path '../escape.distcp'", dotdot)
 edit("dcp_path_absolute", "DCP: relative_path '/etc/passwd'", absolute)

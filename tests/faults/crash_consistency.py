@@ -10,14 +10,22 @@ After each kill:
   'complete' meaning `fsdp-ckpt-inspect verify --deep` passes and `diff` against a clean run's
   output says equal. Then a plain rerun succeeds and leaves no temporary file beside the output
   (a killed run's leftovers are cleaned by the next one).
-Prints how many kill points were tested and that each was consistent."""
+Then random kills, not only the named points: for --random-seconds (seeded by --seed), a scenario
+at random is started (over an earlier output or none, its copy slowed by 0-3 ms a task) and its
+processes, both of a cooperating pair too, are killed with SIGKILL after a random time within its
+clean run's duration; the same checks follow. bench/faults runs this for longer.
+Prints how many kill points were tested, how many random kills landed mid-run, and that each was
+consistent."""
 import argparse
 import hashlib
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 p = argparse.ArgumentParser()
 p.add_argument("--merge", required=True)
@@ -25,9 +33,12 @@ p.add_argument("--shard", required=True)
 p.add_argument("--inspect", required=True)
 p.add_argument("--probe", required=True)
 p.add_argument("--testdata", required=True)
+p.add_argument("--random-seconds", type=float, default=40.0, help="how long to kill at random moments")
+p.add_argument("--seed", type=int, default=28)
 a = p.parse_args()
 work = tempfile.mkdtemp(prefix="fsdp-crash-")
 failures, kills, points_run = [], [0], [0]
+random_runs, random_kills_landed = [0], [0]
 
 POINTS = ["task:1", "task:2", "task:5", "task:12", "item:1", "item:4", "rename:1", "rename:2", "rename:4", "renamed:1",
           "renamed:3", "metadata", "replace", "exchanged"]
@@ -75,6 +86,7 @@ class Scenario:
 
     def __init__(self, name, tool, args, previous_args, processes=1):
         self.name, self.tool, self.args, self.previous_args, self.processes = name, tool, args, previous_args, processes
+        self.durations = {}
 
     def invoke(self, out, args, env=None, check=True):
         argv = [self.tool, "-q", "-j", "1", *args(out), "--force"]
@@ -94,22 +106,60 @@ class Scenario:
             for point in POINTS:
                 self.one(folder, out, ref, point, with_previous)
 
-    def one(self, folder, out, ref, point, with_previous):
-        where = f"{self.name}, {'over an earlier output' if with_previous else 'no earlier output'}, crash at {point}"
+    def start(self, out, env):
+        """The command's processes, started at once in a process group of their own."""
+        argv = [self.tool, "-q", "-j", "1", *self.args(out), "--force"]
+        ranks = [None] if self.processes == 1 else [{"RANK": "1", "WORLD_SIZE": "2"}, {"RANK": "0", "WORLD_SIZE": "2"}]
+        return [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                 env={**os.environ, **env, **(r or {})}) for r in ranks]
+
+    def random_kill(self, rng):
+        folder = os.path.join(work, "random_" + self.name.replace(" ", "_"))
+        single_file = self.tool == a.merge and "--max-shard-size" not in self.args("x")
+        ref = os.path.join(folder, "reference" + (".pt" if single_file else ""))
+        out = os.path.join(folder, "out" + (".pt" if single_file else ""))
+        env = {"FSDP_TEST_COPY_DELAY_MS": str(rng.choice([0, 1, 3]))}
+        if not os.path.exists(folder):
+            os.makedirs(folder)
+            self.invoke(ref, self.args)
+        if env["FSDP_TEST_COPY_DELAY_MS"] not in self.durations:  # a clean run's time: the window to kill in
+            t0 = time.monotonic()
+            self.invoke(out, self.args, env)
+            self.durations[env["FSDP_TEST_COPY_DELAY_MS"]] = time.monotonic() - t0
+        with_previous = rng.random() < 0.5
+        where = f"{self.name}, random kill, {'over an earlier output' if with_previous else 'no earlier output'}"
+        before = self.lay_previous(out, with_previous)
+        procs = self.start(out, env)
+        time.sleep(rng.uniform(0, 1.1 * self.durations[env["FSDP_TEST_COPY_DELAY_MS"]]))
+        for pr in procs:
+            try:
+                os.killpg(pr.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        codes = [pr.wait() for pr in procs]
+        random_runs[0] += 1
+        if -9 in codes:
+            random_kills_landed[0] += 1
+        bad = [c for c in codes if c not in (0, -9)]
+        if bad:
+            failures.append(f"{where}: exit {bad}: {' '.join(pr.stderr.read().decode().strip() for pr in procs)}")
+        for pr in procs:
+            pr.stderr.close()
+        self.check_after(folder, out, ref, where, with_previous, before)
+
+    def lay_previous(self, out, with_previous):
+        """Clears `out`, then writes the earlier output there when asked; returns its tree hash."""
         if os.path.isdir(out):
             shutil.rmtree(out)
         elif os.path.exists(out):
             os.remove(out)
         if with_previous:
             self.invoke(out, self.previous_args)
-        before = tree_hash(out)
-        r = self.invoke(out, self.args, {"FSDP_TEST_CRASH_AT": point}, check=False)
-        points_run[0] += 1
-        if r.returncode == -9:
-            kills[0] += 1
-        elif r.returncode != 0:
-            failures.append(f"{where}: exit {r.returncode}: {r.stderr.strip()}")
-            return
+        return tree_hash(out)
+
+    def check_after(self, folder, out, ref, where, with_previous, before):
+        """After a kill: the earlier output, nothing (when there was none) or a complete new one;
+        then a rerun completes and leaves nothing beside the output."""
         now = tree_hash(out)
         if now is None:
             if with_previous:
@@ -118,7 +168,6 @@ class Scenario:
             problem = complete(out, ref)
             if problem:
                 failures.append(f"{where}: the output is neither the earlier one nor a complete new one: {problem}")
-        # the next run completes and cleans what the killed one left
         r = self.invoke(out, self.args, check=False)
         if r.returncode != 0:
             failures.append(f"{where}: the rerun fails: {r.stderr.strip()}")
@@ -129,6 +178,18 @@ class Scenario:
         left = leftovers(folder, {os.path.basename(ref)})
         if left:
             failures.append(f"{where}: the rerun left {left}")
+
+    def one(self, folder, out, ref, point, with_previous):
+        where = f"{self.name}, {'over an earlier output' if with_previous else 'no earlier output'}, crash at {point}"
+        before = self.lay_previous(out, with_previous)
+        r = self.invoke(out, self.args, {"FSDP_TEST_CRASH_AT": point}, check=False)
+        points_run[0] += 1
+        if r.returncode == -9:
+            kills[0] += 1
+        elif r.returncode != 0:
+            failures.append(f"{where}: exit {r.returncode}: {r.stderr.strip()}")
+            return
+        self.check_after(folder, out, ref, where, with_previous, before)
 
 
 f4 = os.path.join(a.testdata, "dcp", "torch113_4rank")
@@ -161,6 +222,13 @@ for s in scenarios:
     except AssertionError as e:
         failures.append(f"{s.name}: {e}")
         print(f"FAIL {s.name}: {e}")
+
+rng = random.Random(a.seed)
+deadline = time.monotonic() + a.random_seconds
+while time.monotonic() < deadline:
+    rng.choice(scenarios).random_kill(rng)
+print(f"random kills: {random_runs[0]} runs killed at random moments (seed {a.seed}, {a.random_seconds:.0f} s), "
+      f"{random_kills_landed[0]} of them mid-run, {len([f for f in failures if 'random kill' in f])} inconsistent")
 
 shutil.rmtree(work, ignore_errors=True)
 for f in failures:

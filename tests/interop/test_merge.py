@@ -162,7 +162,7 @@ def test_casts():
     plain = load(base)
     for flag, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32), ("fp64", torch.float64)]:
         out = os.path.join(work, f"cast_{flag}.pt")
-        merge(src, "-o", out, "--layout", "flat", "--dtype", flag)
+        merge(src, "-o", out, "--layout", "flat", "--dtype", flag, "--cast-include", "*")  # every float: the cast itself
         got = load(out)
         for k, v in plain.items():
             if not isinstance(v, torch.Tensor):
@@ -189,6 +189,39 @@ def test_casts_special_values():
         got = load(out)
         for k, v in sd.items():
             same_cast(got[k], v.to(dtype), f"{k} as {flag}")
+
+
+def test_cast_damage():
+    # A cast that turns finite values into inf or non-zeros into 0 is named per tensor with its
+    # counts, which torch's own Tensor.to gives here; --strict-cast makes it an error that writes
+    # nothing (issue 28 item 6). Uses test_casts_special_values's checkpoint.
+    d = os.path.join(work, "special")
+    sd = dcp_oracle.load_113(torch, d)
+    for flag, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]:
+        out = os.path.join(work, f"damage_{flag}.pt")
+        r = subprocess.run([a.merge, d, "-o", out, "--dtype", flag], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        notes = {}
+        for line in r.stderr.splitlines():
+            if " cast to " in line:
+                name = line.split("'")[1]
+                over = int(line.split(" finite value")[0].rsplit(" ", 1)[1]) if "became inf" in line else 0
+                flushed = int(line.split(" non-zero value")[0].rsplit(" ", 1)[1]) if "became 0" in line else 0
+                notes[name] = (over, flushed)
+        want = {}
+        for k, v in sd.items():
+            c = v.to(dtype).to(torch.float64)
+            x = v.to(torch.float64)
+            over = int((torch.isfinite(x) & torch.isinf(c)).sum())
+            flushed = int(((x != 0) & ~torch.isnan(x) & (c == 0)).sum())
+            if over or flushed:
+                want[k] = (over, flushed)
+        assert notes == want, (flag, notes, want)
+        if want:
+            strict = os.path.join(work, f"strict_{flag}.pt")
+            r = subprocess.run([a.merge, "-q", d, "-o", strict, "--dtype", flag, "--strict-cast"], capture_output=True, text=True)
+            assert r.returncode == 1 and "--strict-cast" in r.stderr and not os.path.exists(strict), r.stderr
+            assert not leftovers(work), leftovers(work)
 
 
 def test_strided_items():
@@ -241,8 +274,11 @@ def test_safetensors_sharded():
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
     assert len(files) > 1 and all(f.startswith("model-") and f"-of-{len(files):05d}" in f for f in files), files
     want = dcp_oracle.load_113(torch, src)
-    tensors = {k: v for k, v in want.items() if isinstance(v, torch.Tensor)}
-    assert sorted(index["weight_map"]) == sorted(tensors), "the index must list every tensor once"
+    # torch 1.13 stores flat FQNs: the first component is the top-level key, so the output holds
+    # the tensors under 'model', named by the rest, as for a torch 2.x checkpoint (issue 28 item 9)
+    assert any(not k.startswith("model.") for k, v in want.items() if isinstance(v, torch.Tensor))
+    tensors = {k[len("model."):]: v for k, v in want.items() if isinstance(v, torch.Tensor) and k.startswith("model.")}
+    assert sorted(index["weight_map"]) == sorted(tensors), "the index must list every model tensor once"
     seen = {}
     for f in files:
         _, ts = read_safetensors(os.path.join(out, f))
@@ -302,6 +338,44 @@ def test_filters():
     out2 = os.path.join(work, "model_only.pt")
     merge(src2, "-o", out2, "--model-only")
     assert list(load(out2)) == ["model"], list(load(out2))
+    # torch 1.13 stores flat FQNs: their first component is the top-level key (issue 28 item 9)
+    merge(src, "-o", out, "--force", "--model-only")
+    assert list(load(out)) == [k for k in full if k.startswith("model.")], list(load(out))
+
+
+def leaves(tree, prefix=""):
+    """{dotted path: tensor} of a nested state dict."""
+    out = {}
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else []
+    for k, v in items:
+        name = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, torch.Tensor):
+            out[name] = v
+        else:
+            out.update(leaves(v, name))
+    return out
+
+
+def test_cast_scope():
+    # --dtype casts the model's floating tensors only; optimizer state keeps its dtype unless
+    # --cast-include names it (issue 28 item 6). Checked against Tensor.to on an uncast merge.
+    src = our_sample(2)
+    plain, cast, wide = (os.path.join(work, f"scope_{n}.pt") for n in ("plain", "cast", "wide"))
+    merge(src, "-o", plain)
+    merge(src, "-o", cast, "--dtype", "bf16")
+    merge(src, "-o", wide, "--dtype", "bf16", "--cast-include", "optim.*")
+    tree = load(plain)
+    ref, got, got_wide = leaves(tree), leaves(load(cast)), leaves(load(wide))
+    assert sorted(ref) == sorted(got) == sorted(got_wide)
+    floats = {k for k, t in ref.items() if t.is_floating_point()}
+    # the model's: under the top-level key 'model' (the sample also has top-level keys such as
+    # 'model.head.weight', a flat state dict's, which are not under it)
+    under_model = set(leaves(tree["model"], "model"))
+    assert under_model & floats and floats - under_model and any(k.startswith("optim.") for k in floats), sorted(floats)
+    for k, t in ref.items():
+        model = k in under_model and k in floats
+        dcp_oracle.same(torch, got[k], t.to(torch.bfloat16) if model else t, k)  # bytes: the sample holds NaNs
+        dcp_oracle.same(torch, got_wide[k], t.to(torch.bfloat16) if k in floats and (model or k.startswith("optim.")) else t, k)
 
 
 def test_refusals():
@@ -377,11 +451,13 @@ else:
     skip("real torch 2.4 Megatron checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
 check("--dtype bf16/fp16/fp32/fp64 == Tensor.to() bit for bit; integer tensors untouched", test_casts)
 check("--dtype on ties, subnormals, overflow, NaN and -0.0 from every float dtype == Tensor.to()", test_casts_special_values)
+check("--dtype names each tensor a cast damaged, with torch's counts; --strict-cast refuses", test_cast_damage)
 check("items saved with strides (transposed, permuted views): merge gathers them == torch 1.13", test_strided_items)
 check("safetensors: the tensors under 'model', named by their path, checked with json/struct", test_safetensors_single)
 check("safetensors --max-shard-size: Hugging Face shards and an index listing every tensor once", test_safetensors_sharded)
 check("hdf5: one dataset per tensor in groups by key path, read back with h5py and h5dump", test_hdf5)
-check("--include/--exclude in order, --model-only", test_filters)
+check("--include/--exclude in order, --model-only (torch 1.13's flat FQNs too)", test_filters)
+check("--dtype casts the model's floating tensors only, --cast-include more", test_cast_scope)
 check("an existing output is refused without --force; --dry-run writes nothing", test_refusals)
 check("a failure found while copying (corrupt zstd item) or before (missing .distcp) leaves nothing", test_late_failure_leaves_nothing)
 check("SIGINT/SIGTERM while copying: exit 130, no output, no temporary file", test_interrupt)

@@ -378,6 +378,36 @@ def sigterm_saves():
     assert max(losses(d + ".jsonl")) == at + 2
 
 
+def interrupt_whole_group():
+    # Ctrl-C in a terminal: SIGINT to the whole foreground process group (the launcher and every
+    # rank, and the launcher forwards it again), or SIGTERM to every task as SLURM does: each rank
+    # finishes its step, saves, and the run exits 0 (issue 28 item 2). A second interrupt later on
+    # ends it at once.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        d = os.path.join(work, f"group-{sig.name}")
+        log = d + ".jsonl"
+        cmd = [a.train, *BASE, "--data", a.text, "--steps", "100000", "--batch-size", "4", "--ckpt-dir", d, "--log-jsonl", log,
+               "--nproc", "2"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(log) and len(open(log).read().splitlines()) >= 3):
+            time.sleep(0.1)
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (sig.name, proc.returncode, err)
+        steps = [n for n in os.listdir(d) if n.startswith("step-")]
+        assert len(steps) == 1, (sig.name, steps)
+        verified(os.path.join(d, steps[0]))
+    d = os.path.join(work, "group-twice")
+    proc = start_long(d, d + ".jsonl")
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(0.01)
+    for r in children_of(proc.pid):
+        os.kill(r, signal.SIGINT)  # the same interrupt: still a clean stop
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (proc.returncode, err)
+
+
 def env_launch():
     # As torchrun sets the variables, and as srun does (SLURM's: the master is the first host of
     # the node list, the port MASTER_PORT); both the same run as --nproc 2.
@@ -585,8 +615,30 @@ check("model_script", model_script)
 check("resume_equivalence", resume_equivalence)
 check("killed_rank", killed_rank)
 check("sigterm_saves", sigterm_saves)
+check("interrupt_whole_group", interrupt_whole_group)
 check("env_launch", env_launch)
 check("latest_skips_incomplete", latest_skips_incomplete)
 check("crash_mid_save", crash_mid_save)
 check("bad_data", bad_data)
+def no_run_over_another():
+    # Without --resume, a --ckpt-dir that holds an earlier run's checkpoints is refused, naming its
+    # latest step; --force starts over and removes them; a step directory with a user's file in it is
+    # never replaced by a save (issue 28 items 10 and 1).
+    d = os.path.join(work, "over")
+    train("--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--save-every", "2")
+    assert sorted(os.listdir(d)) == ["step-00000002", "step-00000004"], os.listdir(d)
+    r = train("--steps", "2", "--batch-size", "4", "--ckpt-dir", d, expect=1)
+    assert "up to step 4" in r.stderr and "--resume latest" in r.stderr, r.stderr
+    assert sorted(os.listdir(d)) == ["step-00000002", "step-00000004"], os.listdir(d)
+    train("--steps", "2", "--batch-size", "4", "--ckpt-dir", d, "--force")
+    assert os.listdir(d) == ["step-00000002"], os.listdir(d)
+    mine = os.path.join(d, "step-00000004")
+    os.makedirs(mine)
+    open(os.path.join(mine, "notes.txt"), "w").write("mine")
+    r = train("--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest", expect=1)
+    assert "notes.txt" in r.stderr, r.stderr
+    assert open(os.path.join(mine, "notes.txt")).read() == "mine"
+
+
+check("no_run_over_another", no_run_over_another)
 finish()

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <utility>
 
 namespace fsdp_tools {
 
-ProgressBar::ProgressBar(bool quiet) : enabled_(!quiet && ::isatty(STDERR_FILENO)) {}
+ProgressBar::ProgressBar(std::string program, bool quiet_bar, bool quiet_notes)
+    : program_(std::move(program)), enabled_(!quiet_bar && ::isatty(STDERR_FILENO)), notes_(!quiet_notes) {}
 
 void ProgressBar::start(std::string_view what, std::uint64_t total) {
   what_ = std::string(what);
@@ -26,6 +28,15 @@ void ProgressBar::finish() {
   if (!enabled_) return;
   draw(true);
   std::fputc('\n', stderr);
+  drawn_ = false;
+}
+
+void ProgressBar::note(std::string_view message) {
+  if (!notes_) return;
+  if (drawn_) std::fputs("\r\033[K", stderr);  // the note takes the bar's line; the next draw redraws it
+  drawn_ = false;
+  std::fprintf(stderr, "%s: note: %.*s\n", program_.c_str(), static_cast<int>(message.size()), message.data());
+  std::fflush(stderr);
 }
 
 void ProgressBar::draw(bool force) {
@@ -40,6 +51,7 @@ void ProgressBar::draw(bool force) {
   std::fprintf(stderr, "\r%s [%.*s%*s] %3.0f%% %.0f MB/s", what_.c_str(), filled, "##############################",
                width - filled, "", frac * 100, mbs);
   std::fflush(stderr);
+  drawn_ = true;
 }
 
 }  // namespace fsdp_tools

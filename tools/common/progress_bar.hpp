@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // A ckpt::Progress that draws a one-line bar on stderr when stderr is a terminal, and is silent
-// otherwise (or with -q).
+// otherwise (or with -q); notes go to stderr as "<program>: note: ..." unless -q.
 #pragma once
 
 #include <chrono>
@@ -12,14 +12,19 @@ namespace fsdp_tools {
 
 class ProgressBar final : public ckpt::Progress {
  public:
-  explicit ProgressBar(bool quiet = false);
+  /// `quiet_bar`: no bar (-q, --dry-run); `quiet_notes`: no notes either (-q).
+  explicit ProgressBar(std::string program, bool quiet_bar = false, bool quiet_notes = false);
   void start(std::string_view what, std::uint64_t total) override;
   void advance(std::uint64_t units) override;
   void finish() override;
+  void note(std::string_view message) override;
 
  private:
   void draw(bool force);
+  std::string program_;
   bool enabled_;
+  bool notes_;
+  bool drawn_ = false;  // the bar is on the terminal's current line
   std::string what_;
   std::uint64_t total_ = 0, done_ = 0;
   std::chrono::steady_clock::time_point last_{}, started_{};

@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   if (auto code = fsdp_tools::parse(*app.app, argc, argv)) return *code;
   fsdp_tools::map_large_blocks();
   return fsdp_tools::run_tool("fsdp-ckpt-inspect", [&] {
-    fsdp_tools::ProgressBar progress(options.quiet || options.json);
+    fsdp_tools::ProgressBar progress("fsdp-ckpt-inspect", options.quiet || options.json, options.quiet);
     switch (app.command()) {
       case fsdp_tools::InspectCommand::kVerify: return ckpt::verify(fsdp_tools::to_verify(options), std::cout, progress) ? 0 : 1;
       case fsdp_tools::InspectCommand::kStats: ckpt::stats(fsdp_tools::to_stats(options), std::cout, progress); return 0;

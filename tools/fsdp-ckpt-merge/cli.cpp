@@ -21,8 +21,10 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
   app->add_option("--layout", o.layout, "torch output: nested by planner_data, as dcp_to_torch_save writes it, or flat {fqn: value}")
       ->check(CLI::IsMember({"nested", "flat"}));
   app->add_option("--key", o.key, "safetensors: write the tensors under this top-level key (default: model, when there is one)");
-  app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
+  app->add_option("--dtype", o.dtype, "cast the model's floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
       ->check(CLI::IsMember(float_dtype_names()));
+  app->add_option("--cast-include", o.cast_include, "with --dtype, also cast the floating tensors matching GLOB (optimizer state, say); repeatable");
+  app->add_flag("--strict-cast", o.strict_cast, "with --dtype, fail (writing nothing) when a cast turns finite values into inf or non-zeros into 0");
   app->add_flag("--model-only", o.model_only, "keep only the top-level key 'model'");
   app->add_option("--max-shard-size", o.max_shard_size, "safetensors: write Hugging Face shards of at most SIZE (5GB, 500MiB) into the OUTPUT directory");
   add_write_flags(*app, o.flags, "entries, bytes, output files");
@@ -46,6 +48,10 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
   }
   if (!o.dtype.empty()) {
     m.dtype = parse_float_dtype(o.dtype);
+    m.cast_include = o.cast_include;
+    m.cast_check = o.strict_cast ? ckpt::CastCheck::kStrict : ckpt::CastCheck::kReport;
+  } else if (!o.cast_include.empty() || o.strict_cast) {
+    throw CLI::ValidationError(o.strict_cast ? "--strict-cast" : "--cast-include", "applies with --dtype only");
   }
   m.filters = std::move(filters);
   m.model_only = o.model_only;

@@ -20,6 +20,8 @@ struct MergeCliOptions {
   std::string layout = "nested";
   std::string key;
   std::string dtype;
+  std::vector<std::string> cast_include;
+  bool strict_cast = false;
   bool model_only = false;
   std::string max_shard_size;
   WriteFlags flags;

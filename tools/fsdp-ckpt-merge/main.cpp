@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   fsdp_tools::cancel_on_signals();
   fsdp_tools::map_large_blocks();
   return fsdp_tools::run_tool("fsdp-ckpt-merge", [&] {
-    fsdp_tools::ProgressBar progress(flags.quiet || flags.dry_run);
+    fsdp_tools::ProgressBar progress("fsdp-ckpt-merge", flags.quiet || flags.dry_run, flags.quiet);
     merge.progress = &progress;
     const ckpt::Checkpoint input = ckpt::open_checkpoint(options.input);
     const ckpt::MergeResult result = ckpt::merge(input, options.output, merge, flags.dry_run);

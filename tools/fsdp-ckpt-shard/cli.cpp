@@ -21,8 +21,10 @@ std::unique_ptr<CLI::App> make_shard_app(ShardCliOptions& o) {
   app->add_option("--replicate", o.replicate, "keep tensors whose FQN matches GLOB whole, written once (repeatable)")->allow_extra_args(false);
   app->add_option("--files-per-rank", o.files_per_rank, "data files per rank, as DCP's thread_count writes them")->check(CLI::Range(1, 1024));
   app->add_option("--compress", o.compress, "write items with the stream.zstd/1 transform: zstd or zstd:LEVEL (1-19)");
-  app->add_option("--dtype", o.dtype, "cast floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
+  app->add_option("--dtype", o.dtype, "cast the model's floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
       ->check(CLI::IsMember(float_dtype_names()));
+  app->add_option("--cast-include", o.cast_include, "with --dtype, also cast the floating tensors matching GLOB (optimizer state, say); repeatable");
+  app->add_flag("--strict-cast", o.strict_cast, "with --dtype, fail (writing nothing) when a cast turns finite values into inf or non-zeros into 0");
   app->add_option("--key", o.key, "input that is not DCP: put every entry under this top-level key (e.g. model)");
   app->add_option("--max-memory", o.max_memory, "the most memory one copy may need (a gathered row, a compressed item)");
   app->add_option("--timeout", o.timeout, "distributed: seconds process 0 waits for the others")->check(CLI::PositiveNumber);
@@ -62,6 +64,11 @@ ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFil
     }
   }
   if (!o.dtype.empty()) s.dtype = parse_float_dtype(o.dtype);
+  s.cast_include = o.cast_include;
+  s.cast_check = o.strict_cast ? ckpt::CastCheck::kStrict : ckpt::CastCheck::kReport;
+  if ((!o.cast_include.empty() || o.strict_cast) && o.dtype.empty()) {
+    throw CLI::ValidationError(o.strict_cast ? "--strict-cast" : "--cast-include", "applies with --dtype only");
+  }
   s.filters = std::move(filters);
   if (!o.key.empty()) s.key = o.key;
   s.max_memory = parse_byte_size(o.max_memory);

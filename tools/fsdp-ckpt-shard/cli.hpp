@@ -23,6 +23,8 @@ struct ShardCliOptions {
   int files_per_rank = 1;
   std::string compress;  ///< "", "zstd" or "zstd:LEVEL"
   std::string dtype;
+  std::vector<std::string> cast_include;
+  bool strict_cast = false;
   std::string key;
   std::string max_memory = "1GiB";
   double timeout = 1800;

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
   fsdp_tools::cancel_on_signals();
   fsdp_tools::map_large_blocks();
   return fsdp_tools::run_tool("fsdp-ckpt-shard", [&] {
-    fsdp_tools::ProgressBar progress(flags.quiet || flags.dry_run);
+    fsdp_tools::ProgressBar progress("fsdp-ckpt-shard", flags.quiet || flags.dry_run, flags.quiet);
     shard.progress = &progress;
     const ckpt::ShardResult result = ckpt::shard(ckpt::open_checkpoint(options.input), options.output, shard, flags.dry_run);
     if (flags.json) print_json(result, flags.dry_run);

@@ -120,6 +120,9 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--save-every", c.save_every, "save every K steps (0: only at the end)")->check(CLI::NonNegativeNumber)->group(k);
   app->add_option("--keep-last", c.keep_last, "keep only the newest K complete checkpoints (0: all)")->check(CLI::NonNegativeNumber)->group(k);
   app->add_option("--resume", c.resume, "continue from a checkpoint directory, or 'latest' (the newest complete one in --ckpt-dir), at any world size")->group(k);
+  app->add_flag("-f,--force", c.force,
+                "without --resume: start from step 0 although --ckpt-dir holds an earlier run's checkpoints, removing them")
+      ->group(k);
   app->add_option("--stop-at-step", c.stop_at_step,
                   "save and exit 0 after this step, as on SIGTERM; the learning-rate schedule still ends at --steps "
                   "(for runs split across time-limited jobs)")->check(CLI::NonNegativeNumber)->group(k);

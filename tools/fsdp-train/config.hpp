@@ -68,6 +68,7 @@ struct TrainConfig {
   std::int64_t save_every = 0;
   int keep_last = 0;  ///< 0: keep all
   std::string resume;  ///< a step directory, or "latest" (in ckpt_dir)
+  bool force = false;  ///< train from scratch over an earlier run's checkpoints in ckpt_dir, removing them
   std::int64_t stop_at_step = 0;  ///< > 0: save and stop after this step (the schedule still runs to --steps)
   std::string state_dict_type = "sharded";
 };

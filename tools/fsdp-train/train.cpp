@@ -2,6 +2,7 @@
 #include "fsdp-train/train.hpp"
 
 #include <signal.h>
+#include <time.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,13 +39,37 @@ namespace fs = std::filesystem;
 namespace pk = ckpt::pickle;
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<std::int64_t> g_first_stop_ns{0};
 
-void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+// NOTE [One interrupt, delivered several times]
+// Ctrl-C in a terminal signals the whole foreground process group: the launcher and every rank,
+// and the launcher forwards the interrupt to each rank once more; srun sends SIGTERM to every task,
+// and torchrun forwards what it gets. So one interrupt reaches a rank once or twice within moments.
+// The first asks the rank to finish its step, save and exit 0; another within kStopRepeat of it is
+// the same interrupt; a later one is the user's second, which ends the process at once.
+constexpr std::int64_t kStopRepeatNs = 1'000'000'000;
+
+std::int64_t monotonic_ns() noexcept {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+void on_stop_signal(int sig) {
+  const std::int64_t now = monotonic_ns();
+  std::int64_t first = 0;
+  if (g_first_stop_ns.compare_exchange_strong(first, now)) {
+    g_stop_signal.store(sig);
+    return;
+  }
+  if (now - first < kStopRepeatNs) return;  // the same interrupt, delivered again
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
 
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
-  sa.sa_flags = static_cast<int>(SA_RESETHAND);  // a second signal ends the process at once
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
@@ -189,6 +214,7 @@ class Trainer {
   int run() {
     std::int64_t start = 0;
     if (!c_.resume.empty()) start = resume();
+    else if (!c_.ckpt_dir.empty()) start_over();
     if (rank_ == 0 && !c_.log_jsonl.empty()) {
       log_.open(c_.log_jsonl, start > 0 ? std::ios::app : std::ios::trunc);
       if (!log_) throw std::runtime_error(c_.log_jsonl + ": cannot open the log for writing");
@@ -502,6 +528,25 @@ class Trainer {
       }
     }
     pg_.barrier();
+  }
+
+  // A run from step 0 into a --ckpt-dir that holds an earlier run's checkpoints would overwrite some
+  // and leave the newer ones for a later --resume latest to pick up: refused unless --force, which
+  // removes them first (rank 0; the others meet it at the first collective, before any save).
+  void start_over() {
+    const StepDirs dirs = list_step_dirs(c_.ckpt_dir);
+    if (dirs.complete.empty() && dirs.incomplete.empty()) return;
+    const std::int64_t latest = dirs.complete.empty() ? dirs.incomplete.back().first : dirs.complete.back().first;
+    if (!c_.force) {
+      throw std::runtime_error("--ckpt-dir " + c_.ckpt_dir + " holds the checkpoints of an earlier run, up to step " + std::to_string(latest) +
+                               ": --resume latest continues it, --force starts over and removes them");
+    }
+    if (rank_ != 0) return;
+    for (const auto* list : {&dirs.complete, &dirs.incomplete}) {
+      for (const auto& [step, path] : *list) fs::remove_all(path);
+    }
+    say("--force: removed the " + std::to_string(dirs.complete.size() + dirs.incomplete.size()) + " checkpoints of an earlier run in " +
+        c_.ckpt_dir + " (up to step " + std::to_string(latest) + ")");
   }
 
   std::int64_t resume() {

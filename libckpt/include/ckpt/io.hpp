@@ -78,17 +78,32 @@ void stream_range(const ByteSource& source, std::uint64_t offset, std::uint64_t 
                   const std::function<void(std::span<const std::byte>)>& out);
 
 /// Removes what dead writers left beside `target`: `<target>.tmp.<pid>` and `<target>.old.<pid>`
-/// files and directories whose process no longer exists (a run killed with SIGKILL). A live
-/// process's are never touched. Every sink calls it before it creates its own temporary file.
-void remove_stale_temps(const std::filesystem::path& target) noexcept;
+/// files and directories whose writer no longer runs (a run killed with
+/// SIGKILL; a process that is a zombie, or whose pid now belongs to a process started after the
+/// file was last written, counts as dead). A live writer's are never touched. Every sink calls it
+/// before it creates its own temporary file. Returns what it removed, so that a tool can say so.
+std::vector<std::filesystem::path> remove_stale_temps(const std::filesystem::path& target) noexcept;
 
 /// Whether `file`, named inside directory `dir`, also resolves inside it once symbolic links are
 /// followed (a missing file counts as inside: it is reported where it is read). Readers refuse a
 /// file that leads out, so that nothing outside a checkpoint directory is ever read.
 bool resolves_inside(const std::filesystem::path& dir, const std::filesystem::path& file);
 
-/// Whether a FileSink may replace an existing file.
+/// Whether a writer may replace what is at its output path (`--force`); see check_output.
 enum class Overwrite { kNo, kYes };
+
+/// What a writer puts at its output path.
+enum class OutputKind {
+  kFile,                  ///< one file: torch.save, safetensors, HDF5
+  kDcpDirectory,          ///< a DCP directory: .metadata, *.distcp, Lightning's meta.pt, Megatron's common.pt
+  kSafetensorsDirectory,  ///< Hugging Face shards: *.safetensors and their *.safetensors.index.json
+};
+
+/// Refuses to write at `output` unless nothing is there or, with Overwrite::kYes, what is there may
+/// be replaced: a file, a symbolic link (itself, not what it points to), an empty directory, or a
+/// directory that holds nothing but what a writer of `kind` writes (NOTE [What --force replaces]).
+/// Only reads. Throws kInvalidArgument naming what is in the way.
+void check_output(const std::filesystem::path& output, OutputKind kind, Overwrite overwrite);
 
 /// A sequential byte writer. Nothing a sink writes is visible under its final name before commit().
 class ByteSink {
@@ -110,10 +125,12 @@ class ByteSink {
 /// Writes `<target>.tmp.<pid>` beside `target`; commit() flushes, fsyncs, and moves it to
 /// `target` (atomically; with Overwrite::kNo it fails if `target` appeared meanwhile) and fsyncs
 /// the directory. Destroying the sink without commit() removes the temporary file.
-/// Throws kIo; with Overwrite::kNo, kInvalidArgument when `target` exists already.
+/// Throws kIo; kInvalidArgument when check_output(`target`, `replaces`, `overwrite`) refuses.
 /// `temp` names the temporary file instead (DCP writes `.metadata` through `.metadata.tmp`).
+/// `replaces`: the kind of directory at `target` that the file may replace with Overwrite::kYes
+/// (a full checkpoint replacing a sharded one); kFile: an empty one only.
 std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite,
-                                         const std::filesystem::path& temp = {});
+                                         const std::filesystem::path& temp = {}, OutputKind replaces = OutputKind::kFile);
 
 /// A file written at known offsets, by many threads at once (the copy engine). Atomic like
 /// open_file_sink: nothing is visible under the target name before commit().

@@ -14,6 +14,9 @@ class Progress {
   virtual void start(std::string_view what, std::uint64_t total) { (void)what, (void)total; }
   virtual void advance(std::uint64_t units) { (void)units; }
   virtual void finish() {}
+  /// Something the user should know that is not an error: what was left out, what was cleaned up,
+  /// what a cast changed. One line, without a trailing newline.
+  virtual void note(std::string_view message) { (void)message; }
 };
 
 /// Reports nothing.

@@ -14,33 +14,14 @@
 #include <cerrno>
 #include <cstring>
 
-#include <csignal>
 #include <string_view>
 
 #include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
 #include "ckpt/test_hooks.hpp"
+#include "io/outputs.hpp"
 
 namespace ckpt {
-
-void remove_stale_temps(const std::filesystem::path& target) noexcept {
-  std::error_code ec;
-  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
-  const std::string base = target.filename().string();
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    for (const std::string_view tag : {".tmp.", ".old."}) {
-      const std::string prefix = base + std::string(tag);
-      if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0) continue;
-      const std::string pid_text = n.substr(prefix.size());
-      if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
-      const auto pid = static_cast<pid_t>(std::stol(pid_text));
-      // Only what a dead process left: a live writer (this one, or another run) keeps its files.
-      if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-      std::filesystem::remove_all(e.path(), ec);
-    }
-  }
-}
 
 namespace {
 
@@ -50,12 +31,9 @@ constexpr std::size_t kBufferSize = std::size_t{1} << 20;
 // unlinked when abandoned.
 class TempFile {
  public:
-  TempFile(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp)
+  TempFile(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp, OutputKind replaces = OutputKind::kFile)
       : target_(std::move(target)), temp_(std::move(temp)), overwrite_(overwrite), name_(target_.string()) {
-    std::error_code ec;
-    if (overwrite_ == Overwrite::kNo && std::filesystem::exists(target_, ec)) {
-      throw Error(ErrorKind::kInvalidArgument, name_, std::nullopt, "output exists already (use --force to replace it)");
-    }
+    check_output(target_, replaces, overwrite_);
     int flags = O_WRONLY | O_CREAT | O_CLOEXEC;
     if (temp_.empty()) {
       remove_stale_temps(target_);
@@ -93,7 +71,10 @@ class TempFile {
     }
     fd_ = -1;
     test_hooks::crash_point("rename");
-    if (overwrite_ == Overwrite::kYes) {
+    std::error_code ec;
+    if (overwrite_ == Overwrite::kYes && std::filesystem::is_directory(std::filesystem::symlink_status(target_, ec))) {
+      detail::move_into_place(temp_, target_);  // a directory check_output allowed: exchanged, then removed
+    } else if (overwrite_ == Overwrite::kYes) {
       if (::rename(temp_.c_str(), target_.c_str()) != 0) fail("cannot rename " + temp_.string() + " into place");
     } else {
       if (::link(temp_.c_str(), target_.c_str()) != 0) {
@@ -126,8 +107,8 @@ class TempFile {
 
 class FileSink final : public ByteSink {
  public:
-  FileSink(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp)
-      : file_(std::move(target), overwrite, std::move(temp)) {
+  FileSink(std::filesystem::path target, Overwrite overwrite, std::filesystem::path temp, OutputKind replaces)
+      : file_(std::move(target), overwrite, std::move(temp), replaces) {
     buffer_.reserve(kBufferSize);
   }
 
@@ -213,8 +194,8 @@ class PositionalFileSink final : public PositionalSink {
 }  // namespace
 
 std::unique_ptr<ByteSink> open_file_sink(const std::filesystem::path& target, Overwrite overwrite,
-                                         const std::filesystem::path& temp) {
-  return std::make_unique<FileSink>(target, overwrite, temp);
+                                         const std::filesystem::path& temp, OutputKind replaces) {
+  return std::make_unique<FileSink>(target, overwrite, temp, replaces);
 }
 
 std::unique_ptr<PositionalSink> open_positional_sink(const std::filesystem::path& target, Overwrite overwrite,

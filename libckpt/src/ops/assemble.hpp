@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/copy.hpp"
 #include "ckpt/sharding.hpp"
@@ -26,10 +27,11 @@ namespace ckpt::detail {
 /// compressed items are decoded when their task runs. Throws
 /// kFormat/kMismatch for chunks that do not tile `dest` or items that disagree with the metadata,
 /// and kInvalidArgument when one task would need more than `max_memory` bytes: a row of a gathered
-/// band, or a compressed item, which its task decodes whole.
+/// band, or a compressed item, which its task decodes whole. A cast's damage is recorded in
+/// `ledger` under the tensor's name (which must outlive the tasks), when one is given.
 void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& tensor, const Box& dest, DType out,
                    std::uint64_t base, std::size_t group, std::uint64_t max_task = kTaskBytes,
-                   std::uint64_t max_memory = std::numeric_limits<std::uint64_t>::max());
+                   std::uint64_t max_memory = std::numeric_limits<std::uint64_t>::max(), CastLedger* ledger = nullptr);
 
 /// The whole box of `tensor`.
 Box whole(const TensorEntry& tensor);

@@ -1,17 +1,91 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ckpt/ops/filter.hpp"
 
+#include "ckpt/cast.hpp"
+#include "ckpt/checkpoint.hpp"
+#include "ckpt/error.hpp"
 #include "ops/text.hpp"
 
 namespace ckpt {
 
 bool filters_select(const std::vector<EntryFilter>& filters, std::string_view name) {
-  bool selected = filters.empty() || !filters.front().include;
+  EntrySelection s(filters);
+  return s.select(name);
+}
+
+EntrySelection::EntrySelection(const std::vector<EntryFilter>& filters) : filters_(filters), matched_(filters.size(), false) {}
+
+bool EntrySelection::select(std::string_view name) {
+  bool selected = filters_.empty() || !filters_.front().include;
   const std::string n(name);
-  for (const EntryFilter& f : filters) {
-    if (detail::glob_match(f.glob, n)) selected = f.include;
+  for (std::size_t i = 0; i < filters_.size(); ++i) {
+    if (!detail::glob_match(filters_[i].glob, n)) continue;
+    selected = filters_[i].include;
+    matched_[i] = true;
   }
+  ++offered_;
+  selected_ += selected;
   return selected;
+}
+
+std::vector<std::string> EntrySelection::unmatched() const {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < filters_.size(); ++i) {
+    if (!matched_[i]) out.push_back(std::string(filters_[i].include ? "--include" : "--exclude") + " '" + filters_[i].glob + "'");
+  }
+  return out;
+}
+
+void EntrySelection::conclude(const std::string& where, std::size_t kept, bool chose, std::vector<std::string> why,
+                              Progress* progress) const {
+  std::vector<std::string> unmatched_filters = unmatched();
+  for (std::string& u : unmatched_filters) u += " matched no entry";
+  why.insert(why.begin(), unmatched_filters.begin(), unmatched_filters.end());
+  if ((chose || !filters_.empty()) && kept == 0) {
+    std::string text;
+    for (const std::string& w : why) text += "; " + w;
+    throw Error(ErrorKind::kInvalidArgument, where, std::nullopt,
+                "the selection selects none of the " + std::to_string(offered_) + " entries" + text + " (fsdp-ckpt-inspect lists them)");
+  }
+  if (progress) {
+    for (const std::string& w : why) progress->note(w);
+  }
+}
+
+std::string_view top_level_key(const Checkpoint& c, std::string_view fqn) {
+  thread_local std::vector<KeyPaths::KeyView> keys;
+  if (c.planner_data.keys(fqn, keys) && !keys.empty()) return keys.front().is_int ? std::string_view() : keys.front().text;
+  if (c.format != Format::kDcp) return {};
+  const std::size_t dot = fqn.find('.');
+  return dot == std::string_view::npos ? fqn : fqn.substr(0, dot);
+}
+
+// NOTE [What --dtype casts]
+// A checkpoint holds more than weights: Adam's exp_avg_sq of 1e-12 flushes to 0 in float16 (and is
+// divided by its root on resume), a step count of 1001 becomes 1000 in bfloat16, a 1e6 in float16
+// becomes inf. So --dtype casts the model's floating tensors only: those under the top-level key
+// "model" where there is one, else every floating tensor not under an optimizer's key ("optim*").
+// Integer tensors and non-tensor values keep their type; --cast-include GLOB casts more.
+CastScope::CastScope(const Checkpoint& c, std::optional<DType> to, std::vector<std::string> include)
+    : c_(c), to_(to), include_(std::move(include)) {
+  if (!to_) return;
+  for (const TensorEntry& t : c.tensors) {
+    if (top_level_key(c, t.name) == "model") {
+      has_model_ = true;
+      break;
+    }
+  }
+}
+
+DType CastScope::out(std::string_view fqn, DType dtype) const {
+  if (!to_ || !is_castable_float(dtype)) return dtype;
+  const std::string name(fqn);
+  for (const std::string& g : include_) {
+    if (detail::glob_match(g, name)) return *to_;
+  }
+  const std::string_view top = top_level_key(c_, fqn);
+  const bool model = has_model_ ? top == "model" : !top.starts_with("optim");
+  return model ? *to_ : dtype;
 }
 
 }  // namespace ckpt

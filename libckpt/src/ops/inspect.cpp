@@ -281,8 +281,25 @@ std::string escape_name(std::string_view name) {
   return out;
 }
 
+void require_match(const Checkpoint& c, const std::string& glob, GlobOver over) {
+  const bool tensors_only = over == GlobOver::kTensors;
+  if (glob.empty()) return;
+  for (const auto& t : c.tensors) {
+    if (detail::glob_match(glob, t.name)) return;
+  }
+  if (!tensors_only) {
+    for (const auto& o : c.objects) {
+      if (detail::glob_match(glob, o.name)) return;
+    }
+  }
+  const std::size_t n = c.tensors.size() + (tensors_only ? 0 : c.objects.size());
+  throw Error(ErrorKind::kInvalidArgument, c.root.string(), std::nullopt,
+              "--tensor '" + glob + "' matches none of the " + std::to_string(n) + (tensors_only ? " tensors" : " entries"));
+}
+
 void inspect(const InspectOptions& options, std::ostream& out) {
   const Checkpoint c = open_checkpoint(options.path, options.meta ? MetaTrees::kKeep : MetaTrees::kDrop);
+  require_match(c, options.tensor_glob, GlobOver::kEntries);
   const ChunkReader reader(c);
   if (options.format == OutputFormat::kJson) return print_json(c, options, out, reader);
   print_text(c, options, out);

@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -17,12 +18,13 @@
 #include "ckpt/cast.hpp"
 #include "ckpt/copy.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/ops/validate.hpp"
 #include "ckpt/hdf5.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/torch_save.hpp"
 #include "formats/archive_plan.hpp"
 #include "ops/assemble.hpp"
-#include "ops/outputs.hpp"
+#include "io/outputs.hpp"
 #include "ops/text.hpp"
 #include "open_index.hpp"
 
@@ -185,27 +187,44 @@ class Merger {
 
   MergeResult run(bool dry_run) {
     detail::refuse_output_over_input(c_.root, output_);
+    require_valid_index(c_);
     if (o_.format == MergeFormat::kHdf5 && !hdf5_available()) {
       throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "HDF5 is not available: " + hdf5_unavailable_reason());
     }
+    if (!dry_run) {
+      const bool shards = o_.format == MergeFormat::kSafetensors && o_.max_shard_size;
+      detail::prepare_output(output_, shards ? OutputKind::kSafetensorsDirectory : OutputKind::kFile, o_.overwrite, o_.progress);
+    }
     collect();
-    if (o_.format == MergeFormat::kTorch) return torch(dry_run);
-    if (o_.format == MergeFormat::kHdf5) return hdf5(dry_run);
-    return safetensors(dry_run);
+    check_selection();
+    MergeResult r = o_.format == MergeFormat::kTorch ? torch(dry_run) : o_.format == MergeFormat::kHdf5 ? hdf5(dry_run) : safetensors(dry_run);
+    check_casts(CastCheck::kReport);
+    return r;
+  }
+
+  // What the copy's casts lost: an error before a commit with --strict-cast, else notes at the end.
+  void check_casts(CastCheck when) const {
+    if (o_.dtype && (when == CastCheck::kReport || o_.cast_check == CastCheck::kStrict)) {
+      ledger_.conclude(*o_.dtype, when == CastCheck::kReport ? CastCheck::kReport : o_.cast_check, o_.progress, output_.string());
+    }
   }
 
  private:
-  bool selected(std::string_view name, const std::optional<Key>& top) const {
+  // Whether the filters and --model-only keep the entry `name` under the top-level key `top`.
+  // Every name goes through the filters, so that a pattern that matches none can be named.
+  bool selected(std::string_view name, const Key& top) {
+    const bool filtered = selection_.select(name);
     // A torch.save leaf without a key path is named by its flattened keys: "model.<fqn>".
     const bool flat_model = c_.format == Format::kTorchSave && !c_.planner_data.contains(name) && name.starts_with("model.");
-    if (o_.model_only && !flat_model && (!top || top->is_int || top->text != "model")) return false;
-    return filters_select(o_.filters, name);
+    const bool in_model = flat_model || (!top.is_int && top.text == "model");
+    models_ += in_model;
+    return filtered && (!o_.model_only || in_model);
   }
 
   // `fqn`'s keys: its planner_data path (nested layout), else the FQN itself. `fqn` is an entry's
   // own name: the keys may be views of it.
-  std::vector<Key> path_of(const std::string& fqn) const {
-    if (o_.layout == MergeLayout::kNested && c_.planner_data.contains(fqn)) {
+  std::vector<Key> path_of(const std::string& fqn, MergeLayout layout) const {
+    if (layout == MergeLayout::kNested && c_.planner_data.contains(fqn)) {
       std::vector<KeyPaths::KeyView> keys;
       if (!c_.planner_data.keys(fqn, keys)) {
         // Not a path of keys: what it is, and where.
@@ -238,7 +257,23 @@ class Merger {
       return {k};
     }
     if (l.flat) return {Key{false, l.name, 0}};
-    return path_of(l.tensor ? l.tensor->name : l.object->name);
+    return path_of(l.tensor ? l.tensor->name : l.object->name, o_.layout);
+  }
+
+  // `l`'s keys as the options read them, whatever the output's layout: its stored path; where a
+  // DCP checkpoint stores no nesting (torch 1.13 keeps flat FQNs only), the FQN's first component
+  // is its top-level key, as torch 2.x would have stored it, so that --model-only and --key mean
+  // the same for every version.
+  std::vector<Key> logical_path(const Leaf& l) const {
+    if (l.kind == Leaf::kMeta || l.flat) return path(l);
+    const std::string& fqn = l.tensor ? l.tensor->name : l.object->name;
+    std::vector<Key> keys = path_of(fqn, MergeLayout::kNested);
+    const std::size_t dot = fqn.find('.');
+    if (c_.format == Format::kDcp && !c_.planner_data.contains(fqn) && dot != std::string::npos && dot > 0) {
+      const std::string_view name(fqn);
+      keys = {Key{false, name.substr(0, dot), 0}, Key{false, name.substr(dot + 1), 0}};
+    }
+    return keys;
   }
 
   // The leaves in the order the checkpoint stores them, filtered.
@@ -251,7 +286,12 @@ class Merger {
     for (std::size_t i = 0; i < ntensors; ++i) order.emplace_back(c_.tensors[i].position, i);
     for (std::size_t i = 0; i < c_.objects.size(); ++i) {
       if (o_.format != MergeFormat::kTorch) {  // safetensors and HDF5: tensors only
-        ++dropped_;
+        const Leaf l{Leaf::kObject, false, false, {}, 0, c_.objects[i].name, nullptr, &c_.objects[i]};
+        if (selected(l.name, logical_path(l).front())) {
+          not_tensor(l.name);
+        } else {
+          ++dropped_;
+        }
         continue;
       }
       order.emplace_back(c_.objects[i].position, ntensors + i);
@@ -263,12 +303,12 @@ class Merger {
       if (i < ntensors) {
         const TensorEntry& t = c_.tensors[i];
         l = Leaf{Leaf::kTensor, false, false, t.dtype, 0, t.name, &t, nullptr};
-        if (o_.dtype && is_castable_float(t.dtype)) l.out = *o_.dtype;
+        l.out = cast_.out(t.name, t.dtype);
       } else {
         const ObjectEntry& e = c_.objects[i - ntensors];
         l = Leaf{Leaf::kObject, false, false, {}, 0, e.name, nullptr, &e};
       }
-      if (!selected(l.name, path(l).front())) {
+      if (!selected(l.name, logical_path(l).front())) {
         ++dropped_;
         continue;
       }
@@ -283,8 +323,9 @@ class Merger {
         for (Leaf& l : leaves_) l.flat = true;
       }
     }
-    // Lightning's meta.pt: its top-level keys, merged in after the DCP part.
-    if (o_.format == MergeFormat::kTorch) {
+    // Lightning's meta.pt: its top-level keys, merged in after the DCP part (safetensors and HDF5
+    // hold none of them).
+    {
       for (const CheckpointFile& f : c_.files) {
         if (f.relative != "meta.pt") continue;
         TorchSaveFile meta = read_torch_save(open_file(f.path));
@@ -303,9 +344,42 @@ class Merger {
             ++dropped_;
             continue;
           }
+          if (o_.format != MergeFormat::kTorch) {
+            not_tensor(meta_names_.back());
+            continue;
+          }
           leaves_.push_back(Leaf{Leaf::kMeta, false, key.is_int, {}, keep_value(v), meta_names_.back(), nullptr, nullptr});
         }
       }
+    }
+  }
+
+  // An entry safetensors and HDF5 cannot hold: counted, and said at the end (note_left_out).
+  void not_tensor(std::string_view name) {
+    if (not_tensors_++ == 0) first_not_tensor_ = name;
+    ++dropped_;
+  }
+
+  // A selection that selects nothing writes nothing (an empty checkpoint is no answer to a typo);
+  // a filter that matched no entry is named either way.
+  void check_selection() {
+    std::vector<std::string> why;
+    if (o_.model_only && models_ == 0) why.push_back("--model-only: no entry is under the top-level key 'model'");
+    selection_.conclude(c_.root.string(), leaves_.size() + not_tensors_, o_.model_only, std::move(why), o_.progress);
+  }
+
+  // What a safetensors or HDF5 output leaves out besides what was deselected, and how to keep it.
+  void note_left_out(const std::string& format) const {
+    if (!o_.progress) return;
+    if (not_tensors_) {
+      o_.progress->note("left out " + std::to_string(not_tensors_) + " entr" + (not_tensors_ == 1 ? "y" : "ies") +
+                        " that " + (not_tensors_ == 1 ? "is" : "are") + " not a tensor (first: '" + first_not_tensor_ + "'): " + format +
+                        " holds tensors only; --format torch keeps everything");
+    }
+    if (outside_key_) {
+      o_.progress->note("left out " + std::to_string(outside_key_) + " tensor" + (outside_key_ == 1 ? "" : "s") +
+                        " outside the top-level key '" + key_used_ + "' (first: '" + first_outside_key_ +
+                        "'): --key KEY writes another key's tensors, --format torch keeps everything");
     }
   }
 
@@ -401,7 +475,7 @@ class Merger {
     return [this, &leaves, &offsets, i = std::size_t{0}](std::vector<CopyTask>& out) mutable {
       if (i == leaves.size()) return false;
       const Leaf& l = *leaves[i];
-      detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, offsets[i], 0, task_bytes_);
+      detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, offsets[i], 0, task_bytes_, kNoMemoryBound, &ledger_);
       return ++i < leaves.size();
     };
   }
@@ -498,7 +572,8 @@ class Merger {
         if (!records[i].storage) continue;
         const StorageSource& s = storage_of(records[i]);
         if (s.tensor) {
-          detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), group, task_bytes_);
+          detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), group, task_bytes_,
+                                kNoMemoryBound, &ledger_);
         } else {
           const SourcePtr& raw = raws_.at(s.raw);
           add_range_tasks(out, raw, 0, raw->size(), plan.data_offset(i), group, task_bytes_);
@@ -512,6 +587,7 @@ class Merger {
     const std::vector<std::uint32_t> crcs =
         run_copy(*sink, next, data_bytes, plan.storage_count(), {o_.threads, o_.progress, o_.task_delay_ms});
     plan.place_tail(*sink, 0, crcs);
+    check_casts(CastCheck::kStrict);  // a strict cast that lost values commits nothing
     sink->commit();
     return result;
   }
@@ -521,7 +597,7 @@ class Merger {
     std::optional<std::string> key = o_.key;
     if (!key) {
       for (const Leaf& l : leaves_) {
-        const std::vector<Key> keys = path(l);
+        const std::vector<Key> keys = logical_path(l);
         if (keys.size() > 1 && !keys.front().is_int && keys.front().text == "model") {
           key = "model";
           break;
@@ -534,14 +610,16 @@ class Merger {
     named.reserve(leaves_.size());
     named_leaves.reserve(leaves_.size());
     for (const Leaf& l : leaves_) {
-      const std::vector<Key> keys = key ? path(l) : std::vector<Key>();
+      const std::vector<Key> keys = key ? logical_path(l) : std::vector<Key>();
       if (key && (keys.size() < 2 || keys.front().is_int || keys.front().text != *key)) {
+        if (outside_key_++ == 0) first_outside_key_ = l.name;
         ++dropped_;
         continue;
       }
       named.push_back({key ? path_text({keys.begin() + 1, keys.end()}) : std::string(l.name), l.out, l.tensor->shape, nullptr});
       named_leaves.push_back(static_cast<std::uint32_t>(&l - leaves_.data()));
     }
+    if (key) key_used_ = *key;
     if (named.empty()) {
       throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt,
                   key ? "no tensor is under the top-level key '" + *key + "' (see fsdp-ckpt-inspect for the entries)"
@@ -611,12 +689,10 @@ class Merger {
       result.files.push_back({output_ / "model.safetensors.index.json", index.size(), 0});
     }
     result.dropped = dropped_;
+    note_left_out("safetensors");
     if (dry_run) return result;
 
     std::error_code ec;
-    if (o_.overwrite == Overwrite::kNo && std::filesystem::exists(output_, ec)) {
-      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt, "output exists already (use --force to replace it)");
-    }
     const std::filesystem::path into = dir ? detail::fresh_dir(output_, ".tmp." + std::to_string(::getpid())) : output_.parent_path();
     try {
       for (const Planned& p : files) {
@@ -629,6 +705,7 @@ class Merger {
         });
         run_copy(*sink, whole_tensors(p.leaves, p.layout.begins), p.layout.size - p.layout.head_size, 0,  // no CRCs
                  {o_.threads, o_.progress, o_.task_delay_ms});
+        check_casts(CastCheck::kStrict);  // a strict cast that lost values commits nothing
         sink->commit();
       }
       if (!index.empty()) {
@@ -636,7 +713,7 @@ class Merger {
         sink->write(index.data(), index.size());
         sink->commit();
       }
-      if (dir) detail::move_dir_into_place(into, output_);
+      if (dir) detail::move_into_place(into, output_);
     } catch (...) {
       if (dir) std::filesystem::remove_all(into, ec);
       throw;
@@ -657,6 +734,7 @@ class Merger {
     }
     if (leaves.empty()) throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt, "no tensor is selected");
     result.dropped = dropped_;
+    note_left_out("HDF5");
     // The size is known once libhdf5 has laid the file out; a dry run reports the tensor bytes.
     result.files.push_back({output_, result.tensor_bytes, leaves.size()});
     if (dry_run) return result;
@@ -666,6 +744,7 @@ class Merger {
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
     // HDF5 keeps no CRC: none is computed.
     run_copy(*sink, whole_tensors(leaves, offsets), result.tensor_bytes, 0, {o_.threads, o_.progress, o_.task_delay_ms});
+    check_casts(CastCheck::kStrict);  // a strict cast that lost values commits nothing
     sink->commit();
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);
@@ -680,6 +759,15 @@ class Merger {
   std::vector<ValuePtr> values_;  ///< objects' and meta.pt entries' values, storages already renumbered
   std::deque<std::string> meta_names_;  ///< the names of kMeta leaves (a deque: they never move)
   std::size_t dropped_ = 0;
+  EntrySelection selection_{o_.filters};
+  CastScope cast_{c_, o_.dtype, o_.cast_include};
+  CastLedger ledger_;
+  static constexpr std::uint64_t kNoMemoryBound = std::numeric_limits<std::uint64_t>::max();
+  std::size_t models_ = 0;          ///< entries under the top-level key "model"
+  std::size_t not_tensors_ = 0;     ///< objects and meta.pt keys a tensors-only format leaves out
+  std::string first_not_tensor_;
+  std::size_t outside_key_ = 0;     ///< tensors outside safetensors' --key
+  std::string first_outside_key_, key_used_;
   TorchSaveBuilder builder_{StorageKeys::kPerView};  // one view a storage
   std::vector<StorageSource> storages_;
   std::vector<SourcePtr> raws_;

@@ -15,12 +15,13 @@
 
 #include "ckpt/cast.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/ops/validate.hpp"
 #include "ckpt/sharding.hpp"
 #include "ckpt/torch_save.hpp"
 #include "formats/dcp_write.hpp"
 #include "memory.hpp"
 #include "ops/assemble.hpp"
-#include "ops/outputs.hpp"
+#include "io/outputs.hpp"
 #include "ops/text.hpp"
 
 namespace ckpt {
@@ -68,6 +69,7 @@ class Sharder {
   ShardResult run(bool dry_run) {
     check_options();
     collect();
+    selection_.conclude(c_.root.string(), selection_.selected(), false, {}, o_.progress);
     place();
     ShardResult result = describe();
     detail::give_back_freed_memory();  // the input's parse, placing's order (NOTE [Giving freed memory back])
@@ -85,14 +87,12 @@ class Sharder {
                                                    " is not a valid process rank");
     }
     detail::refuse_output_over_input(c_.root, output_);
-    std::error_code ec;
-    if (o_.overwrite == Overwrite::kNo && std::filesystem::exists(output_, ec)) {
-      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt, "output exists already (use --force to replace it)");
-    }
+    require_valid_index(c_);
+    check_output(output_, OutputKind::kDcpDirectory, o_.overwrite);
   }
 
   bool selected(std::string_view name) {
-    if (filters_select(o_.filters, name)) return true;
+    if (selection_.select(name)) return true;
     ++dropped_;
     return false;
   }
@@ -111,7 +111,7 @@ class Sharder {
   void add_tensor(std::string_view fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
     if (!selected(fqn)) return;
     keep_path(fqn, std::move(path));
-    const DType out = o_.dtype && is_castable_float(t->dtype) ? *o_.dtype : t->dtype;
+    const DType out = cast_.out(fqn, t->dtype);
     plan_.tensors.push_back({.fqn = fqn, .position = position_++, .dtype = out, .requires_grad = t->requires_grad, .shape = t->shape});
     sources_.push_back(t);
   }
@@ -411,7 +411,7 @@ class Sharder {
       const detail::DcpPlanTensor& planned = plan_.tensors[tensor];
       const detail::DcpPlanChunk c = plan_.chunks.get(planned, chunk);
       detail::add_box_tasks(tasks, reader_, *sources_[tensor], Box{Dims(c.offsets), Dims(c.sizes)}, planned.dtype, base, group, max_task,
-                            o_.max_memory);
+                            o_.max_memory, &ledger_);
     };
     auto nbytes = [](const detail::DcpPlanTensor& t) { return box_volume(t.shape) * element_size(t.dtype); };  // in the output dtype
     for (const detail::DcpPlanTensor& t : plan_.tensors) r.tensor_bytes += nbytes(t);
@@ -544,6 +544,7 @@ class Sharder {
       std::filesystem::remove(dir / done_marker(o_.process_index), ec);
       std::filesystem::remove(dir / failed_marker(o_.process_index), ec);
     } else {
+      detail::prepare_output(output_, OutputKind::kDcpDirectory, o_.overwrite, o_.progress);
       dir = detail::fresh_dir(output_, ".partial");
     }
     const std::string fp = distributed ? fingerprint() : std::string();  // the plan's, which the processes compare
@@ -560,6 +561,7 @@ class Sharder {
     try {
       items = detail::write_dcp_files(dir, plan_, mine_files, {o_.threads, o_.progress, o_.task_delay_ms},
                                       from_plan ? detail::ItemPlaces::kFromPlan : detail::ItemPlaces::kReturn);
+      if (o_.dtype) ledger_.conclude(*o_.dtype, o_.cast_check, o_.progress, output_.string());  // strict: fails like a copy
     } catch (const std::exception& e) {
       std::error_code ec;
       if (distributed) {
@@ -609,7 +611,7 @@ class Sharder {
       } else {
         detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpItem>(items));
       }
-      detail::move_dir_into_place(dir, output_);
+      detail::move_into_place(dir, output_);
     } catch (...) {
       std::error_code ec;
       if (!distributed) std::filesystem::remove_all(dir, ec);
@@ -637,6 +639,9 @@ class Sharder {
   std::vector<std::pair<std::string, SourcePtr>> carried_;  // meta.pt, common.pt, metadata.json
   std::vector<std::string> meta_keys_;
   std::size_t dropped_ = 0;
+  EntrySelection selection_{o_.filters};
+  CastScope cast_{c_, o_.dtype, o_.cast_include};
+  CastLedger ledger_;
   detail::DcpPlan plan_;
   std::vector<detail::DcpFilePlan> files_;
   struct {

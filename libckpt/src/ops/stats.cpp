@@ -67,6 +67,7 @@ nlohmann::ordered_json jnum(double x) { return std::isfinite(x) ? nlohmann::orde
 
 void stats(const StatsOptions& options, std::ostream& out, Progress& progress) {
   const Checkpoint c = open_checkpoint(options.path);
+  require_match(c, options.tensor_glob, GlobOver::kTensors);
   const ChunkReader reader(c, FileAccess::kReadSmallItemsWhole);
   std::vector<TensorStats> results;
   std::uint64_t total = 0;

@@ -6,6 +6,7 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/ops/inspect.hpp"
+#include "ckpt/ops/validate.hpp"
 #include "ckpt/sharding.hpp"
 #include "ckpt/torch_save.hpp"
 #include "ops/text.hpp"
@@ -28,9 +29,7 @@ class Verifier {
   Verifier(const Checkpoint& c, VerifyDepth depth, Progress& progress) : c_(c), reader_(c, FileAccess::kReadSmallItemsWhole), depth_(depth), progress_(progress) {}
 
   void run() {
-    for (const auto& f : c_.files) {
-      if (!f.size) add(f.path.string(), std::nullopt, "file is missing (the metadata names it)");
-    }
+    index_problems(c_, [&](VerifyProblem p) { problems_.push_back(std::move(p)); });
     if (const auto& u = c_.unreferenced_storage; !u.empty()) {
       add(c_.root.string(), std::nullopt,
           "storage_data: " + std::to_string(u.size()) + " storage_data entries belong to no chunk (first: '" + u.front() + "')");
@@ -70,39 +69,12 @@ class Verifier {
     }
   }
 
-  bool location_ok(const ChunkLocation& loc, const std::string& what) {
-    const CheckpointFile& f = c_.files[loc.file];
-    if (!f.size) return false;  // reported once per file
-    if (loc.offset > *f.size || loc.length > *f.size - loc.offset) {
-      add(f.path.string(), loc.offset,
-          what + " [" + std::to_string(loc.offset) + ", " + std::to_string(loc.offset + loc.length) + ") passes the end of the file (" +
-              std::to_string(*f.size) + " bytes)");
-      return false;
-    }
-    return true;
-  }
-
+  // The data behind each chunk whose storage the index places inside its file (index_problems
+  // has reported the others).
   void check_tensor(const TensorEntry& t) {
-    // Coverage: every element exactly once. Boxes are inside the tensor (checked on open); no two
-    // may overlap, and their volumes must add up to the tensor's.
-    tiling_problems(
-        t.shape, t.chunks,
-        [&](std::size_t i, std::size_t k) {
-          add(c_.root.string(), std::nullopt,
-              "chunks of '" + t.name + "' at " + detail::shape_text(t.chunks[i].offsets) + " and " +
-                  detail::shape_text(t.chunks[k].offsets) + " overlap");
-        },
-        [&](std::uint64_t volume, std::uint64_t numel) {
-          add(c_.root.string(), std::nullopt,
-              "chunks of '" + t.name + "' cover " + std::to_string(volume) + " of its " + std::to_string(numel) + " elements" +
-                  (volume < numel ? " (a hole)" : ""));
-        });
+    if (!checked_numel(t.shape)) return;
     for (const Chunk& ch : t.chunks) {
-      if (!ch.location) {
-        add(c_.root.string(), std::nullopt, "chunk of '" + t.name + "' at " + detail::shape_text(ch.offsets) + " has no storage_data entry");
-        continue;
-      }
-      if (!location_ok(*ch.location, "item of '" + t.name + "'")) continue;
+      if (!ch.location || !location_in_file(c_, *ch.location)) continue;
       ++items_;
       guarded(c_.files[ch.location->file].path.string(), [&] {
         ChunkData d = reader_.read(t, ch);
@@ -112,11 +84,7 @@ class Verifier {
   }
 
   void check_object(const ObjectEntry& o) {
-    if (!o.item) {
-      if (!o.value) add(c_.root.string(), std::nullopt, "bytes entry '" + o.name + "' has no storage_data entry");
-      return;
-    }
-    if (!location_ok(*o.item, "item of '" + o.name + "'")) return;
+    if (!o.item || !location_in_file(c_, *o.item)) return;
     ++items_;
     guarded(c_.files[o.item->file].path.string(), [&] {
       (void)reader_.object_value(o);

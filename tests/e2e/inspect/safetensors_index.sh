@@ -1,4 +1,5 @@
-# A Hugging Face sharded safetensors folder (written by fsdp-ckpt-merge from the 4-rank fixture):
+# A Hugging Face sharded safetensors folder (written by fsdp-ckpt-merge from the 4-rank fixture's
+# tensors under 'model'):
 # inspect reads the index and its shards; verify --deep reads every byte; a weight_map entry that
 # names the wrong shard, and a shard name that leaves the directory, are refused with the index named.
 "$FSDP_CKPT_MERGE" -q "$FSDP_TESTDATA_DIR/dcp/torch113_4rank" -o hf --max-shard-size 200B >/dev/null || exit 1
@@ -9,9 +10,9 @@ print(j["format"], len(j["files"]), "files", len(j["entries"]), "entries")
 for e in j["entries"]:
     print(e["name"], e["dtype"], e["shape"], e["chunks"][0]["file"])'
 "$FSDP_CKPT_INSPECT" verify --deep hf/model.safetensors.index.json
-sed 's/"model.head.bias": "model-00002/"model.head.bias": "model-00003/' hf/model.safetensors.index.json > hf/wrong.index.json
+sed 's/"head.bias": "model-00002/"head.bias": "model-00001/' hf/model.safetensors.index.json > hf/wrong.index.json
 "$FSDP_CKPT_INSPECT" hf/wrong.index.json
 echo "exit $?"
-sed 's/"model.head.bias": "model-00002-of-00003.safetensors"/"model.head.bias": "..\/x.safetensors"/' hf/model.safetensors.index.json > hf/escape.index.json
+sed 's/"head.bias": "model-00002-of-00002.safetensors"/"head.bias": "..\/x.safetensors"/' hf/model.safetensors.index.json > hf/escape.index.json
 "$FSDP_CKPT_INSPECT" hf/escape.index.json
 echo "exit $?"

@@ -1,5 +1,6 @@
-# An existing output is refused without --force and kept; --force replaces it once the new one is
-# complete. The output may never be the input or hold it. Nothing is left behind.
+# An existing output is refused without --force and kept; --force does not replace a directory that
+# holds other files (force_replaces_only_outputs has what it does replace). The output may never be
+# the input or hold it. Nothing is left behind.
 mkdir out && echo keep > out/file
 "$FSDP_CKPT_SHARD" -q "$FSDP_TESTDATA_DIR/dcp/torch113_2rank" -o out -n 2
 echo "exit $?"

@@ -137,3 +137,28 @@ TEST_CASE("casts round to nearest even like c10", "[ckpt][cast]") {
   CHECK(ckpt::is_castable_float(ckpt::DType::kFloat64));
   CHECK_FALSE(ckpt::is_castable_float(ckpt::DType::kInt64));
 }
+
+TEST_CASE("a narrowing cast counts the finite values it turns into inf and the non-zeros it flushes", "[ckpt][cast]") {
+  const std::vector<float> in{1.0f, 65504.0f, 65520.0f, 1e6f, -1e6f, 1e-12f, -1e-12f, 0x1.0p-24f, 0.0f,
+                              std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  std::vector<std::uint16_t> out(in.size());
+  const ckpt::CastDamage f16 = ckpt::cast(std::as_bytes(std::span(in)), ckpt::DType::kFloat32, std::as_writable_bytes(std::span(out)),
+                                          ckpt::DType::kFloat16);
+  CHECK(f16.overflowed == 3);  // 65520 rounds up to inf, and +-1e6; inf itself was not finite
+  CHECK(f16.flushed == 2);     // +-1e-12; 2^-24 is float16's smallest subnormal and stays
+  const ckpt::CastDamage bf16 = ckpt::cast(std::as_bytes(std::span(in)), ckpt::DType::kFloat32, std::as_writable_bytes(std::span(out)),
+                                           ckpt::DType::kBFloat16);
+  CHECK_FALSE(bf16.any());  // bfloat16 has float32's exponent range
+  std::vector<double> wide(in.size());
+  CHECK_FALSE(ckpt::cast(std::as_bytes(std::span(in)), ckpt::DType::kFloat32, std::as_writable_bytes(std::span(wide)), ckpt::DType::kFloat64).any());
+
+  ckpt::CastLedger ledger;
+  ledger.record("a", f16);
+  ledger.record("a", f16);
+  ledger.record("b", bf16);  // no damage: not listed
+  const auto damaged = ledger.damaged();
+  REQUIRE(damaged.size() == 1);
+  CHECK(damaged.at("a").overflowed == 6);
+  CHECK_THROWS_WITH(ledger.conclude(ckpt::DType::kFloat16, ckpt::CastCheck::kStrict, nullptr, "out.pt"),
+                    Catch::Contains("'a' cast to float16: 6 finite values became inf, 4 non-zero values became 0"));
+}

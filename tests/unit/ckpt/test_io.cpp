@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <fstream>
 
+#include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
 #include "io/cursor.hpp"
 #include "support/error_matchers.hpp"
@@ -79,4 +83,61 @@ TEST_CASE("errors compose source, offset, message and context", "[ckpt][io]") {
   CHECK(std::string(e.what()) ==
         "ck/__1_0.distcp[item 7]: offset 4096: tensor data ends past the item (while merging 'layers.0.w'; while writing out.pt)");
   REQUIRE_THROWS_MATCHES(ckpt::internal_error("x"), ckpt::Error, IsCkptError(ErrorKind::kInternal, std::nullopt, "please report"));
+}
+
+TEST_CASE("with --force an output replaces a file, an empty directory or an output of its kind, nothing else", "[ckpt][io]") {
+  fsdp_test::TestDir dir;
+  const auto p = dir.path();
+  auto refused = [](const std::filesystem::path& out, ckpt::OutputKind kind) {
+    try {
+      ckpt::check_output(out, kind, ckpt::Overwrite::kYes);
+    } catch (const ckpt::Error& e) {
+      CHECK(e.kind() == ckpt::ErrorKind::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(refused(p / "absent", ckpt::OutputKind::kFile).empty());
+  std::ofstream(p / "file") << "x";
+  CHECK(refused(p / "file", ckpt::OutputKind::kDcpDirectory).empty());
+  CHECK_THROWS_WITH(ckpt::check_output(p / "file", ckpt::OutputKind::kFile, ckpt::Overwrite::kNo), Catch::Contains("use --force"));
+  std::filesystem::create_directory(p / "empty");
+  CHECK(refused(p / "empty", ckpt::OutputKind::kFile).empty());
+  std::filesystem::create_directory(p / "dcp");
+  for (const char* f : {".metadata", ".metadata.tmp", "__0_0.distcp", "__1.metadata", "meta.pt", "common.pt", "metadata.json", "__1_0.distcp.tmp.77"}) {
+    std::ofstream(p / "dcp" / f) << "x";
+  }
+  CHECK(refused(p / "dcp", ckpt::OutputKind::kDcpDirectory).empty());
+  CHECK_THAT(refused(p / "dcp", ckpt::OutputKind::kSafetensorsDirectory), Catch::Contains("is not part of a directory of safetensors shards"));
+  CHECK_THAT(refused(p / "dcp", ckpt::OutputKind::kFile), Catch::Contains("a file output cannot replace"));
+  std::filesystem::create_directory(p / "dcp" / "sub");
+  CHECK_THAT(refused(p / "dcp", ckpt::OutputKind::kDcpDirectory), Catch::Contains("'sub' (a directory)"));
+  std::filesystem::create_directory(p / "hf");
+  for (const char* f : {"model-00001-of-00002.safetensors", "model.safetensors.index.json"}) std::ofstream(p / "hf" / f) << "x";
+  CHECK(refused(p / "hf", ckpt::OutputKind::kSafetensorsDirectory).empty());
+  std::ofstream(p / "hf" / "config.json") << "{}";
+  CHECK_THAT(refused(p / "hf", ckpt::OutputKind::kSafetensorsDirectory), Catch::Contains("'config.json'"));
+  // a file sink replaces a file, and a directory only when check_output allows it, once complete
+  auto sink = ckpt::open_file_sink(p / "empty", ckpt::Overwrite::kYes);
+  sink->write("new", 3);
+  sink->commit();
+  CHECK(std::filesystem::is_regular_file(p / "empty"));
+  CHECK_THROWS(ckpt::open_file_sink(p / "hf", ckpt::Overwrite::kYes));
+  CHECK(std::filesystem::exists(p / "hf" / "config.json"));
+}
+
+TEST_CASE("a dead writer's temporary files are removed and named; a live one's are kept", "[ckpt][io]") {
+  fsdp_test::TestDir dir;
+  const auto target = dir.path() / "out.pt";
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  std::ofstream(dir.path() / ("out.pt.tmp." + std::to_string(dead))) << "x";
+  std::ofstream(dir.path() / ("out.pt.tmp." + std::to_string(::getpid()))) << "x";
+  std::ofstream(dir.path() / "out.pt.tmp.notapid") << "x";
+  const auto removed = ckpt::remove_stale_temps(target);
+  REQUIRE(removed.size() == 1);
+  CHECK(removed[0].filename() == "out.pt.tmp." + std::to_string(dead));
+  CHECK(std::filesystem::exists(dir.path() / ("out.pt.tmp." + std::to_string(::getpid()))));
+  CHECK(std::filesystem::exists(dir.path() / "out.pt.tmp.notapid"));
 }

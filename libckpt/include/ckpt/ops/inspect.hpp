@@ -26,6 +26,13 @@ struct InspectOptions {
   bool meta = false;        ///< also print meta.pt, common.pt, .metadata and non-tensor items as trees
 };
 
+struct Checkpoint;
+/// Which entries a --tensor GLOB selects from.
+enum class GlobOver { kTensors, kEntries };
+/// Throws kInvalidArgument when `glob` (--tensor; empty: no selection) matches none of `c`'s
+/// tensors (kTensors) or entries (kEntries): a listing of nothing is no answer to a typo.
+void require_match(const Checkpoint& c, const std::string& glob, GlobOver over);
+
 /// Throws ckpt::Error: kFormat for bad data (naming the file and offset), kUnsupported for a
 /// format this build cannot read yet, kIo when the path cannot be read.
 void inspect(const InspectOptions& options, std::ostream& out);

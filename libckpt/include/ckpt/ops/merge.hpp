@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/ops/filter.hpp"
 #include "ckpt/progress.hpp"
@@ -30,7 +31,9 @@ struct MergeOptions {
   MergeFormat format = MergeFormat::kTorch;
   MergeLayout layout = MergeLayout::kNested;  ///< torch: nested by planner_data, or {fqn: value}
   std::optional<std::string> key;             ///< safetensors: the top-level key whose tensors to write
-  std::optional<DType> dtype;                 ///< cast floating tensors (float16/bfloat16/float32/float64)
+  std::optional<DType> dtype;                 ///< cast the model's floating tensors (NOTE [What --dtype casts])
+  std::vector<std::string> cast_include;      ///< --cast-include: also cast the floating tensors these globs name
+  CastCheck cast_check = CastCheck::kReport;  ///< a cast that overflows or flushes values: a note, or (--strict-cast) an error
   std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
   bool model_only = false;                    ///< only the top-level key "model"
   /// safetensors: the Hugging Face sharded layout in a directory, files of at most this size

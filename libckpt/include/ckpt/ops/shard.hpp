@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/dcp.hpp"
 #include "ckpt/ops/filter.hpp"
@@ -53,7 +54,9 @@ struct ShardOptions {
   int files_per_rank = 1;
   DcpCompression compression = DcpCompression::kNone;
   int zstd_level = 3;
-  std::optional<DType> dtype;                 ///< cast floating tensors (not those inside bytes items or meta.pt)
+  std::optional<DType> dtype;                 ///< cast the model's floating tensors (NOTE [What --dtype casts]; not those inside bytes items or meta.pt)
+  std::vector<std::string> cast_include;      ///< --cast-include: also cast the floating tensors these globs name
+  CastCheck cast_check = CastCheck::kReport;  ///< a cast that overflows or flushes values: a note, or (--strict-cast) an error
   std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
   std::optional<std::string> key;             ///< input that is not DCP: put every entry under this key
   /// The most memory one task may need: a band of a gathered tensor (dim-1 or strided input, a
