@@ -44,6 +44,11 @@ InspectApp make_inspect_app(InspectCliOptions& o) {
   a.diff->add_option("b", o.diff_b, "second checkpoint")->required()->check(CLI::ExistingPath);
   a.diff->add_option("--atol", o.atol, "absolute tolerance (default 0)")->check(CLI::NonNegativeNumber);
   a.diff->add_option("--rtol", o.rtol, "relative tolerance (default 0)")->check(CLI::NonNegativeNumber);
+  a.diff->add_option("--include", o.include, "compare only A's entries matching GLOB, as merge selects (repeatable, in order with --exclude)");
+  a.diff->add_option("--exclude", o.exclude, "leave out A's entries matching GLOB, as merge does");
+  a.diff->add_flag("--model-only", o.model_only, "compare only the entries under the top-level key 'model'");
+  a.diff->add_option("--key", o.key, "compare A's tensors under this top-level key by their names below it (as merge writes safetensors)");
+  a.diff->add_option("--map-prefix", o.map_prefix, "FROM=TO: compare an A name that starts with FROM as TO and the rest (repeatable)");
   a.diff->add_flag("--json", o.json, "print one JSON object instead of text");
   a.diff->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
 
@@ -60,6 +65,22 @@ ckpt::VerifyOptions to_verify(const InspectCliOptions& o) {
   return {o.verify_path, o.deep ? ckpt::VerifyDepth::kDeep : ckpt::VerifyDepth::kStructure, format_of(o)};
 }
 ckpt::StatsOptions to_stats(const InspectCliOptions& o) { return {o.stats_path, o.tensor_glob, format_of(o), o.threads}; }
-ckpt::DiffOptions to_diff(const InspectCliOptions& o) { return {o.diff_a, o.diff_b, o.atol, o.rtol, format_of(o)}; }
+ckpt::DiffOptions to_diff(const InspectCliOptions& o, std::vector<ckpt::EntryFilter> filters) {
+  ckpt::DiffOptions d;
+  d.a = o.diff_a;
+  d.b = o.diff_b;
+  d.atol = o.atol;
+  d.rtol = o.rtol;
+  d.format = format_of(o);
+  d.filters = std::move(filters);
+  d.model_only = o.model_only;
+  if (!o.key.empty()) d.key = o.key;
+  for (const std::string& m : o.map_prefix) {
+    const std::size_t eq = m.find('=');
+    if (eq == std::string::npos || eq == 0) throw CLI::ValidationError("--map-prefix", "'" + m + "' is not FROM=TO");
+    d.map_prefix.emplace_back(m.substr(0, eq), m.substr(eq + 1));
+  }
+  return d;
+}
 
 }  // namespace fsdp_tools

@@ -25,6 +25,10 @@ struct InspectCliOptions {
   // diff
   std::string diff_a, diff_b;
   double atol = 0.0, rtol = 0.0;
+  std::vector<std::string> include, exclude;  ///< their order comes from filters_in_order()
+  bool model_only = false;
+  std::string key;
+  std::vector<std::string> map_prefix;
 };
 
 enum class InspectCommand { kInspect, kVerify, kStats, kDiff };
@@ -43,6 +47,7 @@ InspectApp make_inspect_app(InspectCliOptions& options);
 ckpt::InspectOptions to_inspect(const InspectCliOptions& o);
 ckpt::VerifyOptions to_verify(const InspectCliOptions& o);
 ckpt::StatsOptions to_stats(const InspectCliOptions& o);
-ckpt::DiffOptions to_diff(const InspectCliOptions& o);
+/// Throws CLI::ValidationError for a --map-prefix that is not FROM=TO.
+ckpt::DiffOptions to_diff(const InspectCliOptions& o, std::vector<ckpt::EntryFilter> filters = {});
 
 }  // namespace fsdp_tools

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <memory>
 #include <set>
 
 #include "ckpt/checkpoint.hpp"
@@ -56,27 +57,152 @@ std::map<std::string, pickle::ValuePtr> object_leaves(const Checkpoint& c, const
 
 struct Row {
   std::string name;
-  std::string status;  // "equal", "differs", "only in A", "only in B", "dtype", "shape", "not compared"
+  std::string status;  // "equal", "differs", "only in A", "only in B", "kind", "shape", "not compared"
   std::string detail;
   double max_abs = 0, max_rel = 0;
 };
 
+// A tensor to compare and the reader of the checkpoint (or meta.pt) that holds it.
+struct Held {
+  const TensorEntry* tensor;
+  const ChunkReader* reader;
+};
+
+// One side of the diff as merge reads it: its entries under the names they are compared by.
+struct Side {
+  Checkpoint c;
+  ChunkReader reader;
+  std::unique_ptr<Checkpoint> meta;  // a DCP directory's meta.pt, whose top-level keys replace the DCP's
+  std::unique_ptr<ChunkReader> meta_reader;
+  std::map<std::string, Held> tensors;
+  std::map<std::string, pickle::ValuePtr> objects;
+
+  explicit Side(const std::filesystem::path& path) : c(open_checkpoint(path)), reader(c, FileAccess::kReadSmallItemsWhole) {
+    for (const CheckpointFile& f : c.files) {
+      if (f.relative != "meta.pt" || !f.size) continue;
+      meta = std::make_unique<Checkpoint>(open_checkpoint(f.path));
+      meta_reader = std::make_unique<ChunkReader>(*meta, FileAccess::kReadSmallItemsWhole);
+    }
+  }
+};
+
+bool holds_tensors_only(Format f) { return f == Format::kSafetensors || f == Format::kSafetensorsIndex || f == Format::kHdf5; }
+
+// The names entries are compared by, and which are selected: merge's selections on A's FQNs (B's
+// are put in A's terms first), then A's key and prefix mapping.
+class Naming {
+ public:
+  Naming(const DiffOptions& o, std::optional<std::string> key) : o_(o), key_(std::move(key)), selection_(o.filters) {}
+
+  // A's entry `fqn` (of `c`, where its top-level key is looked up): its name in the comparison, or
+  // nothing when deselected.
+  std::optional<std::string> a(const Checkpoint& c, const std::string& fqn) {
+    const std::string_view top = top_level_key(c, fqn);
+    if (!selection_.select(fqn) || (o_.model_only && top != "model")) return std::nullopt;
+    std::string name = fqn;
+    if (key_) {
+      if (top != *key_ || fqn.size() <= key_->size() + 1) {
+        ++outside_key_;
+        return std::nullopt;
+      }
+      name = fqn.substr(key_->size() + 1);
+    }
+    for (const auto& [from, to] : o_.map_prefix) {
+      if (name.starts_with(from)) {
+        name = to + name.substr(from.size());
+        break;
+      }
+    }
+    return name;
+  }
+
+  // B's entry `name` (of `c`): whether the selections keep it, read in A's terms.
+  bool b(const Checkpoint& c, const std::string& name) const {
+    const std::string in_a = key_ ? *key_ + "." + name : name;
+    if (!filters_select(o_.filters, in_a)) return false;
+    // under "model": by its stored path, or as a flat FQN (merge writes torch 1.13's that way)
+    return !o_.model_only || key_ == "model" || top_level_key(c, name) == "model" || in_a.starts_with("model.");
+  }
+
+  const EntrySelection& selection() const { return selection_; }
+  std::size_t outside_key() const { return outside_key_; }
+
+ private:
+  const DiffOptions& o_;
+  std::optional<std::string> key_;
+  EntrySelection selection_;
+  std::size_t outside_key_ = 0;  ///< A's selected entries not under the key
+};
+
+// Fills `s`'s tensors and objects: its own, then meta.pt's in place of those under the same
+// top-level keys (Lightning's consolidate_checkpoint, as merge does). `name` gives each FQN its
+// compared name, or none.
+// The key `fqn` sits under in merge's output tree: its stored path's first key, else the FQN itself
+// (an entry without a path is written under its FQN).
+std::string stored_top(const Checkpoint& c, const std::string& fqn) {
+  thread_local std::vector<KeyPaths::KeyView> keys;
+  if (c.planner_data.keys(fqn, keys) && !keys.empty()) return keys.front().is_int ? std::to_string(keys.front().index) : std::string(keys.front().text);
+  return fqn;
+}
+
+template <typename Name>
+void collect(Side& s, Name&& name) {
+  std::set<std::string, std::less<>> meta_keys;
+  if (s.meta) {
+    for (const auto& t : s.meta->tensors) meta_keys.insert(stored_top(*s.meta, t.name));
+    for (const auto& o : s.meta->objects) meta_keys.insert(stored_top(*s.meta, o.name));
+  }
+  auto add = [&](const Checkpoint& c, const ChunkReader& reader, bool from_meta) {
+    for (const auto& t : c.tensors) {
+      if (!from_meta && meta_keys.count(stored_top(c, t.name))) continue;
+      if (auto n = name(c, t.name)) s.tensors[*n] = Held{&t, &reader};
+    }
+    for (const auto& [leaf, v] : object_leaves(c, reader)) {
+      if (!from_meta && meta_keys.count(stored_top(c, leaf))) continue;
+      if (auto n = name(c, leaf)) s.objects[*n] = v;
+    }
+  };
+  add(s.c, s.reader, false);
+  if (s.meta) add(*s.meta, *s.meta_reader, true);
+}
+
 }  // namespace
 
 bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
-  const Checkpoint a = open_checkpoint(options.a), b = open_checkpoint(options.b);
-  const ChunkReader ra(a, FileAccess::kReadSmallItemsWhole), rb(b, FileAccess::kReadSmallItemsWhole);
-  std::map<std::string, const TensorEntry*> ta, tb;
-  for (const auto& t : a.tensors) ta[t.name] = &t;
-  for (const auto& t : b.tensors) tb[t.name] = &t;
-  const std::map<std::string, pickle::ValuePtr> oa = object_leaves(a, ra), ob = object_leaves(b, rb);
+  Side a(options.a), b(options.b);
+  // safetensors output holds the tensors under "model" by their names below it, unless --key says
+  // which key (merge's default); a tensors-only output holds none of A's other entries.
+  std::optional<std::string> key = options.key;
+  const bool tensors_only = holds_tensors_only(b.c.format) && !holds_tensors_only(a.c.format);
+  if (!key && (b.c.format == Format::kSafetensors || b.c.format == Format::kSafetensorsIndex) && tensors_only) {
+    for (const auto& t : a.c.tensors) {
+      if (top_level_key(a.c, t.name) == "model" && t.name.size() > 6) {
+        key = "model";
+        break;
+      }
+    }
+  }
+  Naming naming(options, key);
+  collect(a, [&](const Checkpoint& c, const std::string& fqn) { return naming.a(c, fqn); });
+  collect(b, [&](const Checkpoint& c, const std::string& fqn) { return naming.b(c, fqn) ? std::optional<std::string>(fqn) : std::nullopt; });
+  naming.selection().conclude(a.c.root.string(), a.tensors.size() + a.objects.size(), options.model_only || options.key.has_value(),
+                              {}, &progress);
+  std::size_t not_held = 0;  // A's non-tensors a tensors-only B cannot hold
+  if (tensors_only) {
+    not_held = a.objects.size();
+    a.objects.clear();
+  }
+  const auto& ta = a.tensors;
+  const auto& tb = b.tensors;
+  const auto& oa = a.objects;
+  const auto& ob = b.objects;
   std::set<std::string> names;
   for (auto& [n, t] : ta) names.insert(n);
   for (auto& [n, t] : tb) names.insert(n);
   for (auto& [n, o] : oa) names.insert(n);
   for (auto& [n, o] : ob) names.insert(n);
   std::uint64_t total = 0;
-  for (auto& [n, t] : ta) total += t->nbytes();
+  for (auto& [n, t] : ta) total += t.tensor->nbytes();
   progress.start("comparing", total);
   std::vector<Row> rows;
   bool equal = true;
@@ -89,19 +215,20 @@ bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
       r.status = "kind";
       r.detail = ta.count(n) ? "tensor in A, object in B" : "object in A, tensor in B";
     } else if (ta.count(n)) {
-      const TensorEntry &x = *ta[n], &y = *tb[n];
-      if (x.dtype != y.dtype) {
-        r.status = "dtype";
-        r.detail = std::string(name(x.dtype)) + " vs " + std::string(name(y.dtype));
-      } else if (x.shape != y.shape) {
+      const Held &hx = ta.at(n), &hy = tb.at(n);
+      const TensorEntry &x = *hx.tensor, &y = *hy.tensor;
+      const bool numeric = detail::is_numeric(x.dtype) && detail::is_numeric(y.dtype);
+      if (x.dtype != y.dtype) r.detail = "dtype " + std::string(name(x.dtype)) + " vs " + std::string(name(y.dtype));
+      if (x.shape != y.shape) {
         r.status = "shape";
         r.detail = detail::shape_text(x.shape) + " vs " + detail::shape_text(y.shape);
-      } else if (!detail::is_numeric(x.dtype)) {
-        r.status = "not compared";
-        r.detail = "dtype " + std::string(name(x.dtype)) + " is not compared";
+      } else if (!numeric) {
+        r.status = x.dtype == y.dtype ? "not compared" : "dtype";
+        if (x.dtype == y.dtype) r.detail = "dtype " + std::string(name(x.dtype)) + " is not compared";
       } else {
         try {
-          const auto va = assemble(ra, x), vb = assemble(rb, y);
+          // Across dtypes the values meet in float64, within the tolerances.
+          const auto va = assemble(*hx.reader, x), vb = assemble(*hy.reader, y);
           bool within = true;
           for (std::size_t i = 0; i < va.size(); ++i) {
             const double p = va[i], q = vb[i];
@@ -140,7 +267,7 @@ bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
   progress.finish();
   if (options.format == OutputFormat::kJson) {
     nlohmann::ordered_json j{{"schema", 1}, {"a", options.a.string()}, {"b", options.b.string()}, {"atol", options.atol},
-                             {"rtol", options.rtol}, {"equal", equal}, {"entries", nlohmann::ordered_json::array()}};
+                             {"rtol", options.rtol}, {"equal", equal}, {"not_held", not_held}, {"outside_key", naming.outside_key()}, {"entries", nlohmann::ordered_json::array()}};
     for (const auto& r : rows) {
       nlohmann::ordered_json x{{"name", r.name}, {"status", r.status}};
       if (!r.detail.empty()) x["detail"] = r.detail;
@@ -153,21 +280,31 @@ bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
     out << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return equal;
   }
-  std::size_t differing = 0;
+  std::size_t differing = 0, recast = 0;
   for (const auto& r : rows) {
-    if (r.status == "equal") continue;
+    if (r.status == "equal") {
+      recast += !r.detail.empty();  // equal across a dtype change
+      continue;
+    }
     ++differing;
     out << r.status << ": " << escape_name(r.name);
     if (!r.detail.empty()) out << " (" << r.detail << ")";
-    if (r.status == "differs" && !(r.max_abs == 0 && r.max_rel == 0) && r.detail.empty()) {
+    if (r.status == "differs" && !(r.max_abs == 0 && r.max_rel == 0) && (r.detail.empty() || r.detail.starts_with("dtype"))) {
       char buf[96];
       std::snprintf(buf, sizeof buf, " max-abs %.6g max-rel %.6g", r.max_abs, r.max_rel);
       out << buf;
     }
     out << "\n";
   }
-  out << (equal ? "equal" : "different") << ": " << rows.size() << " entries compared, " << differing << " differ"
-      << " (atol " << options.atol << ", rtol " << options.rtol << ")\n";
+  out << (equal ? "equal" : "different") << ": " << rows.size() << " entries compared, " << differing << " differ";
+  if (recast) out << ", " << recast << " equal across a dtype change";
+  out << " (atol " << options.atol << ", rtol " << options.rtol << ")";
+  if (naming.outside_key()) out << "; " << naming.outside_key() << " entries of A outside the key '" << *key << "' not compared";
+  if (not_held) {
+    out << "; " << not_held << " non-tensor entr" << (not_held == 1 ? "y" : "ies") << " of A not compared (" << to_string(b.c.format)
+        << " holds tensors only)";
+  }
+  out << "\n";
   return equal;
 }
 

@@ -269,7 +269,8 @@ class Merger {
     const std::string& fqn = l.tensor ? l.tensor->name : l.object->name;
     std::vector<Key> keys = path_of(fqn, MergeLayout::kNested);
     const std::size_t dot = fqn.find('.');
-    if (c_.format == Format::kDcp && !c_.planner_data.contains(fqn) && dot != std::string::npos && dot > 0) {
+    const bool dcp = c_.format == Format::kDcp || c_.format == Format::kLightningSharded;
+    if (dcp && !c_.planner_data.contains(fqn) && dot != std::string::npos && dot > 0) {
       const std::string_view name(fqn);
       keys = {Key{false, name.substr(0, dot), 0}, Key{false, name.substr(dot + 1), 0}};
     }

@@ -10,9 +10,11 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/format.hpp"
+#include "ckpt/ops/filter.hpp"
 #include "ckpt/progress.hpp"
 
 namespace ckpt {
@@ -88,10 +90,24 @@ struct DiffOptions {
   double atol = 0.0;
   double rtol = 0.0;
   OutputFormat format = OutputFormat::kText;
+  /// merge's selections, read on A's names (and on B's, in A's terms): --include/--exclude in order,
+  /// --model-only, --key (A's tensors under that top-level key, named without it).
+  std::vector<EntryFilter> filters;
+  bool model_only = false;
+  std::optional<std::string> key;
+  /// --map-prefix FROM=TO: an A name that starts with FROM is compared as TO and the rest (the
+  /// first that applies).
+  std::vector<std::pair<std::string, std::string>> map_prefix;
 };
 
-/// Entries only in A or only in B, dtype or shape differences, and per tensor the max-abs and
-/// max-rel difference. Returns true when A and B are equal within tolerance.
+/// Compares two checkpoints as fsdp-ckpt-merge reads them (meta.pt's top-level keys in place of the
+/// DCP entries under the same keys; a torch 1.13 checkpoint's flat FQNs split at their first
+/// component): entries only in A or only in B, shape differences, and per tensor the max-abs and
+/// max-rel difference, taken in float64 across dtypes (a dtype change is noted, not a difference).
+/// When B is a safetensors or HDF5 file, A's entries that such a file cannot hold (non-tensors) are
+/// counted apart, and A's tensors under "model" are compared by their names below it, as merge
+/// writes safetensors, unless --key says otherwise. Returns true when A and B are equal within
+/// tolerance. Throws kInvalidArgument when the selection selects nothing.
 bool diff(const DiffOptions& options, std::ostream& out, Progress& progress = no_progress());
 
 /// `name` with control characters, backslashes and bytes that are not UTF-8 escaped (\n, \x1b,
