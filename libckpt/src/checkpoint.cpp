@@ -337,6 +337,7 @@ ChunkData ChunkReader::read(const TensorEntry& tensor, const Chunk& chunk) const
                 "item of '" + tensor.name + "' has shape " + text(t.shape) + ", the chunk " + text(chunk.sizes));
   }
   d.storage = f.storages[t.storage].data;
+  d.crc32 = f.storages[t.storage].crc32;
   d.strides = t.stride;
   d.storage_offset = t.storage_offset;
   return d;

@@ -204,7 +204,7 @@ scenarios = [
     Scenario("merge to a torch.save file", a.merge, lambda o: [f4, "-o", o], lambda o: [f4, "-o", o, "--dtype", "bf16"]),
     Scenario("merge to Hugging Face shards", a.merge, lambda o: [f4, "-o", o, "--max-shard-size", "300B"],
              lambda o: [f4, "-o", o, "--max-shard-size", "300B", "--dtype", "bf16"]),
-    Scenario("merge of zstd items", a.merge, lambda o: [zstd_in, "-o", o], lambda o: [zstd_in, "-o", o, "--dtype", "fp16"]),
+    Scenario("merge of zstd items, --verify", a.merge, lambda o: [zstd_in, "-o", o, "--verify"], lambda o: [zstd_in, "-o", o, "--dtype", "fp16"]),
     Scenario("shard 4 to 3 ranks", a.shard, lambda o: [f4, "-o", o, "-n", "3"], lambda o: [f2, "-o", o, "-n", "2"]),
     Scenario("shard with zstd, 2 files per rank", a.shard, lambda o: [f4, "-o", o, "-n", "3", "--compress", "zstd", "--files-per-rank", "2"],
              lambda o: [f4, "-o", o, "-n", "2"]),
@@ -212,7 +212,8 @@ scenarios = [
              lambda o: [full, "-o", o, "-n", "2"]),
     # process 0 killed while process 1 has finished: before its own files, before .metadata,
     # before the directory replaces the earlier one, ...
-    Scenario("shard as process 0 of 2", a.shard, lambda o: [f4, "-o", o, "-n", "3"], lambda o: [f4, "-o", o, "-n", "2"], processes=2),
+    Scenario("shard as process 0 of 2, --verify", a.shard, lambda o: [f4, "-o", o, "-n", "3", "--verify"], lambda o: [f4, "-o", o, "-n", "2"],
+             processes=2),
 ]
 
 for s in scenarios:

@@ -63,7 +63,8 @@ void add_write_flags(CLI::App& app, WriteFlags& f, const std::string& plan) {
   app.add_option("--include", f.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
   app.add_option("--exclude", f.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
   app.add_flag("--dry-run", f.dry_run, "print the plan (" + plan + ") and write nothing");
-  app.add_flag("-f,--force", f.force, "replace OUTPUT when it exists");
+  app.add_flag("-f,--force", f.force, "replace OUTPUT when it exists (a file, an empty directory or an output of the same kind only)");
+  app.add_flag("--verify", f.verify, "check every CRC-32 the input records as the copy reads it; a mismatch fails, writing nothing");
   app.add_option("-j,--threads", f.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
   app.add_flag("-q,--quiet", f.quiet, "draw no progress bar");
   app.add_flag("--json", f.json, "print the result (or the plan) as one JSON object");

@@ -39,11 +39,12 @@ struct WriteFlags {
   std::vector<std::string> include, exclude;  ///< parsed by CLI11; their order comes from filters_in_order()
   bool dry_run = false;
   bool force = false;
+  bool verify = false;
   unsigned threads = 0;
   bool quiet = false;
   bool json = false;
 };
-/// Adds --include, --exclude, --dry-run (`plan` says what it prints), -f/--force, -j/--threads,
+/// Adds --include, --exclude, --dry-run (`plan` says what it prints), -f/--force, --verify, -j/--threads,
 /// -q/--quiet and --json.
 void add_write_flags(CLI::App& app, WriteFlags& flags, const std::string& plan);
 

@@ -62,6 +62,7 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
   }
   m.overwrite = o.flags.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
   m.threads = o.flags.threads;
+  m.verify = o.flags.verify ? ckpt::Verify::kChecksums : ckpt::Verify::kNo;
   m.report_entries = o.flags.json || o.flags.dry_run;  // the text output of a real merge lists files only
   return m;
 }

@@ -75,6 +75,7 @@ ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFil
   if (s.max_memory == 0) throw CLI::ValidationError("--max-memory", "must be more than 0 bytes");
   s.overwrite = o.flags.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
   s.threads = o.flags.threads;
+  s.verify = o.flags.verify ? ckpt::Verify::kChecksums : ckpt::Verify::kNo;
   s.report_entries = o.flags.json || o.flags.dry_run;  // the text output of a real shard lists files only
   s.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.timeout * 1000));
   // torchrun (and a hand-made launch) set RANK and WORLD_SIZE; srun sets SLURM_PROCID/SLURM_NTASKS.

@@ -209,6 +209,9 @@ struct ChunkData {
   std::vector<std::int64_t> shape;    ///< == the chunk's sizes
   std::vector<std::int64_t> strides;  ///< element strides (C-contiguous filled in)
   std::int64_t storage_offset = 0;    ///< first element
+  /// `storage`'s CRC-32 as its archive records it: a DCP tensor item's storage record; 0 when
+  /// none is recorded (raw storage: safetensors, HDF5, a torch.save file's index).
+  std::uint32_t crc32 = 0;
 };
 
 /// How ChunkReader opens files: mapped (fast random reads; pages read count toward RSS), with

@@ -19,6 +19,10 @@
 
 namespace ckpt {
 
+/// Whether a conversion checks every CRC-32 its input records as the bytes pass through the copy
+/// (--verify; NOTE [CRCs checked as the bytes pass]).
+enum class Verify { kNo, kChecksums };
+
 /// The most bytes a task makes: large enough for disk speed, small enough to bound memory.
 constexpr std::uint64_t kTaskBytes = std::uint64_t{8} << 20;
 /// The bytes all workers' buffers may hold together (a task's buffer, and its scratch for a cast).

@@ -39,6 +39,7 @@ struct TorchStorage {
   std::uint64_t numel;    ///< elements of `dtype`
   std::string location;   ///< "cpu", "cuda:0", ...
   SourcePtr data;         ///< the record's bytes (a window of the file, no copy)
+  std::uint32_t crc32 = 0;  ///< the record's CRC-32 as the archive's central directory gives it (0: not recorded)
 };
 
 /// One tensor found in the object tree.

@@ -248,7 +248,7 @@ class TreeReader {
                       std::to_string(numel) + " " + std::string(name(dt)) + " elements (" + std::to_string(want) +
                       " bytes)");
     }
-    file_.storages.push_back({*key, dt, numel, *location, zip_.open(*e)});
+    file_.storages.push_back({*key, dt, numel, *location, zip_.open(*e), e->crc32});
     file_.storage_index.emplace(*key, file_.storages.size() - 1);
     return file_.storages.size() - 1;
   }

@@ -82,7 +82,9 @@ void gather(const ChunkData& d, const std::vector<std::int64_t>& origin, const B
 Box whole(const TensorEntry& tensor) { return {std::vector<std::int64_t>(tensor.shape.size(), 0), tensor.shape}; }
 
 void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& t, const Box& dest, DType out,
-                   std::uint64_t base, std::size_t group, std::uint64_t max_task, std::uint64_t max_memory, CastLedger* ledger) {
+                   std::uint64_t base, std::size_t group, std::uint64_t max_task, std::uint64_t max_memory, const TaskChecks& checks) {
+  CastLedger* const ledger = checks.casts;
+  PassingCrcs* const crcs = checks.crcs;
   const DType in = t.dtype;
   const std::uint64_t ies = element_size(in), oes = element_size(out);
   if (in != out && (!is_castable_float(in) || !is_castable_float(out))) internal_error("add_box_tasks: not a float cast");
@@ -141,16 +143,18 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
       for (std::uint64_t e = 0; e < n; e += step) {
         const std::uint64_t k = std::min(step, n - e);
         tasks.push_back({base + (dst0 + e) * oes, k * oes, group,
-                         [&reader, &t, p, in, out, ies, src0, e, ledger](std::span<std::byte> o, std::vector<std::byte>& scratch) {
+                         [&reader, &t, p, in, out, ies, src0, e, ledger, crcs](std::span<std::byte> o, std::vector<std::byte>& scratch) {
                            const auto d = resolve(reader, t, p);
                            const std::uint64_t at = (static_cast<std::uint64_t>(d->storage_offset) + src0 + e) * ies;
                            if (in == out) {
                              d->storage->read_at(at, o);
+                             if (crcs) crcs->passed(d->storage, d->crc32, at, o);
                              return;
                            }
                            const std::size_t nb = o.size() / element_size(out) * ies;
                            if (scratch.size() < nb) scratch.resize(nb);
                            d->storage->read_at(at, std::span(scratch.data(), nb));
+                           if (crcs) crcs->passed(d->storage, d->crc32, at, std::span(scratch.data(), nb));
                            const CastDamage damage = cast(std::span<const std::byte>(scratch.data(), nb), in, o, out);
                            if (ledger) ledger->record(t.name, damage);
                          }});
@@ -178,7 +182,7 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
     }
     const std::uint64_t n = box_volume(band.sizes);
     tasks.push_back({base + static_cast<std::uint64_t>(r0) * row * oes, n * oes, group,
-                     [&reader, &t, band, in_band, in, out, ies, ledger](std::span<std::byte> o, std::vector<std::byte>& scratch) {
+                     [&reader, &t, band, in_band, in, out, ies, ledger, crcs](std::span<std::byte> o, std::vector<std::byte>& scratch) {
                        thread_local std::vector<std::byte> staging;
                        std::byte* dst = o.data();
                        if (in != out) {
@@ -186,7 +190,11 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
                          if (staging.size() < nb) staging.resize(nb);
                          dst = staging.data();
                        }
-                       for (const Piece& p : in_band) gather(*resolve(reader, t, p), p.chunk->offsets, p.overlap, band, dst, scratch);
+                       for (const Piece& p : in_band) {
+                         const auto d = resolve(reader, t, p);
+                         gather(*d, p.chunk->offsets, p.overlap, band, dst, scratch);
+                         if (crcs) crcs->read_later(d->storage, d->crc32);  // strided reads: the record is read whole at the end
+                       }
                        if (in == out) return;
                        const CastDamage damage = cast(std::span<const std::byte>(staging.data(), o.size() / element_size(out) * ies), in, o, out);
                        if (ledger) ledger->record(t.name, damage);

@@ -17,8 +17,15 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/copy.hpp"
 #include "ckpt/sharding.hpp"
+#include "ops/passing_crcs.hpp"
 
 namespace ckpt::detail {
+
+/// What copy tasks report as they run, each when given (they must outlive the tasks).
+struct TaskChecks {
+  CastLedger* casts = nullptr;  ///< a cast's damage, under the tensor's name
+  PassingCrcs* crcs = nullptr;  ///< the CRC of every recorded storage read (--verify)
+};
 
 /// Adds to `tasks` (CRC group `group`) the tasks that write box `dest` of `tensor`, as `out`
 /// elements, C-contiguous from offset `base` of the output. `reader` and `tensor` must outlive
@@ -27,11 +34,11 @@ namespace ckpt::detail {
 /// compressed items are decoded when their task runs. Throws
 /// kFormat/kMismatch for chunks that do not tile `dest` or items that disagree with the metadata,
 /// and kInvalidArgument when one task would need more than `max_memory` bytes: a row of a gathered
-/// band, or a compressed item, which its task decodes whole. A cast's damage is recorded in
-/// `ledger` under the tensor's name (which must outlive the tasks), when one is given.
+/// band, or a compressed item, which its task decodes whole. `checks` says what the tasks report
+/// as they run.
 void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, const TensorEntry& tensor, const Box& dest, DType out,
                    std::uint64_t base, std::size_t group, std::uint64_t max_task = kTaskBytes,
-                   std::uint64_t max_memory = std::numeric_limits<std::uint64_t>::max(), CastLedger* ledger = nullptr);
+                   std::uint64_t max_memory = std::numeric_limits<std::uint64_t>::max(), const TaskChecks& checks = {});
 
 /// The whole box of `tensor`.
 Box whole(const TensorEntry& tensor);

@@ -202,6 +202,15 @@ class Merger {
     return r;
   }
 
+  // What copy tasks report: casts' damage, and (--verify) the CRCs of what they read.
+  detail::TaskChecks checks() { return {&ledger_, o_.verify == Verify::kChecksums ? &crcs_ : nullptr}; }
+
+  // Before an output is committed: --verify's records no task read whole, --strict-cast's damage.
+  void before_commit() {
+    if (o_.verify == Verify::kChecksums) crcs_.finish();
+    check_casts(CastCheck::kStrict);
+  }
+
   // What the copy's casts lost: an error before a commit with --strict-cast, else notes at the end.
   void check_casts(CastCheck when) const {
     if (o_.dtype && (when == CastCheck::kReport || o_.cast_check == CastCheck::kStrict)) {
@@ -394,6 +403,7 @@ class Merger {
   ValuePtr import(const ObjectEntry& e) {
     if (e.value || !e.item) return e.value ? e.value : pickle::make_none();
     SourcePtr item = reader_.item(*e.item);
+    if (o_.verify == Verify::kChecksums) detail::verify_item(item);
     return import_file(read_torch_save(item), item->name());
   }
 
@@ -476,7 +486,7 @@ class Merger {
     return [this, &leaves, &offsets, i = std::size_t{0}](std::vector<CopyTask>& out) mutable {
       if (i == leaves.size()) return false;
       const Leaf& l = *leaves[i];
-      detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, offsets[i], 0, task_bytes_, kNoMemoryBound, &ledger_);
+      detail::add_box_tasks(out, reader_, *l.tensor, detail::whole(*l.tensor), l.out, offsets[i], 0, task_bytes_, kNoMemoryBound, checks());
       return ++i < leaves.size();
     };
   }
@@ -574,7 +584,7 @@ class Merger {
         const StorageSource& s = storage_of(records[i]);
         if (s.tensor) {
           detail::add_box_tasks(out, reader_, *s.tensor, detail::whole(*s.tensor), s.out, plan.data_offset(i), group, task_bytes_,
-                                kNoMemoryBound, &ledger_);
+                                kNoMemoryBound, checks());
         } else {
           const SourcePtr& raw = raws_.at(s.raw);
           add_range_tasks(out, raw, 0, raw->size(), plan.data_offset(i), group, task_bytes_);
@@ -588,7 +598,7 @@ class Merger {
     const std::vector<std::uint32_t> crcs =
         run_copy(*sink, next, data_bytes, plan.storage_count(), {o_.threads, o_.progress, o_.task_delay_ms});
     plan.place_tail(*sink, 0, crcs);
-    check_casts(CastCheck::kStrict);  // a strict cast that lost values commits nothing
+    before_commit();
     sink->commit();
     return result;
   }
@@ -706,7 +716,7 @@ class Merger {
         });
         run_copy(*sink, whole_tensors(p.leaves, p.layout.begins), p.layout.size - p.layout.head_size, 0,  // no CRCs
                  {o_.threads, o_.progress, o_.task_delay_ms});
-        check_casts(CastCheck::kStrict);  // a strict cast that lost values commits nothing
+        before_commit();
         sink->commit();
       }
       if (!index.empty()) {
@@ -745,7 +755,7 @@ class Merger {
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
     // HDF5 keeps no CRC: none is computed.
     run_copy(*sink, whole_tensors(leaves, offsets), result.tensor_bytes, 0, {o_.threads, o_.progress, o_.task_delay_ms});
-    check_casts(CastCheck::kStrict);  // a strict cast that lost values commits nothing
+    before_commit();
     sink->commit();
     std::error_code ec;
     result.files.back().size = std::filesystem::file_size(output_, ec);
@@ -763,6 +773,7 @@ class Merger {
   EntrySelection selection_{o_.filters};
   CastScope cast_{c_, o_.dtype, o_.cast_include};
   CastLedger ledger_;
+  detail::PassingCrcs crcs_;
   static constexpr std::uint64_t kNoMemoryBound = std::numeric_limits<std::uint64_t>::max();
   std::size_t models_ = 0;          ///< entries under the top-level key "model"
   std::size_t not_tensors_ = 0;     ///< objects and meta.pt keys a tensors-only format leaves out

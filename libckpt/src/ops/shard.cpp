@@ -160,7 +160,9 @@ class Sharder {
       const ObjectEntry& e = c_.objects[code & ~detail::kObjectEntry];
       if (!e.item) throw Error(ErrorKind::kFormat, c_.root.string(), std::nullopt, "entry '" + e.name + "' has no storage_data item");
       // The item as it is (a torch.save archive), transforms undone.
-      add_object(e.name, path_of(e.name), reader_.item(*e.item));
+      SourcePtr item = reader_.item(*e.item);
+      if (o_.verify == Verify::kChecksums) detail::verify_item(item);
+      add_object(e.name, path_of(e.name), std::move(item));
     }
     for (const CheckpointFile& f : c_.files) {
       if (f.relative == "meta.pt") carry_meta(f);
@@ -411,7 +413,7 @@ class Sharder {
       const detail::DcpPlanTensor& planned = plan_.tensors[tensor];
       const detail::DcpPlanChunk c = plan_.chunks.get(planned, chunk);
       detail::add_box_tasks(tasks, reader_, *sources_[tensor], Box{Dims(c.offsets), Dims(c.sizes)}, planned.dtype, base, group, max_task,
-                            o_.max_memory, &ledger_);
+                            o_.max_memory, {&ledger_, o_.verify == Verify::kChecksums ? &crcs_ : nullptr});
     };
     auto nbytes = [](const detail::DcpPlanTensor& t) { return box_volume(t.shape) * element_size(t.dtype); };  // in the output dtype
     for (const detail::DcpPlanTensor& t : plan_.tensors) r.tensor_bytes += nbytes(t);
@@ -561,6 +563,7 @@ class Sharder {
     try {
       items = detail::write_dcp_files(dir, plan_, mine_files, {o_.threads, o_.progress, o_.task_delay_ms},
                                       from_plan ? detail::ItemPlaces::kFromPlan : detail::ItemPlaces::kReturn);
+      if (o_.verify == Verify::kChecksums) crcs_.finish();  // a damaged record fails like a copy
       if (o_.dtype) ledger_.conclude(*o_.dtype, o_.cast_check, o_.progress, output_.string());  // strict: fails like a copy
     } catch (const std::exception& e) {
       std::error_code ec;
@@ -642,6 +645,7 @@ class Sharder {
   EntrySelection selection_{o_.filters};
   CastScope cast_{c_, o_.dtype, o_.cast_include};
   CastLedger ledger_;
+  detail::PassingCrcs crcs_;
   detail::DcpPlan plan_;
   std::vector<detail::DcpFilePlan> files_;
   struct {

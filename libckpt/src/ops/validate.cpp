@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ckpt/ops/validate.hpp"
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 #include <string>
 
 #include "ckpt/error.hpp"
@@ -55,14 +57,25 @@ void index_problems(const Checkpoint& c, const std::function<void(VerifyProblem)
     // chunk's count is at most the tensor's; their sum is checked as it grows.
     std::uint64_t volume = 0;
     bool overflow = false;
-    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-      const std::optional<std::uint64_t> v = checked_numel(t.chunks[i].sizes);
+    for (const Chunk& ch : t.chunks) {
+      const std::optional<std::uint64_t> v = checked_numel(ch.sizes);
       overflow = overflow || !v || __builtin_add_overflow(volume, *v, &volume);
-      for (std::size_t k = i + 1; k < t.chunks.size() && !t.shape.empty(); ++k) {
-        if (intersect(t.chunks[i].offsets, t.chunks[i].sizes, t.chunks[k].offsets, t.chunks[k].sizes)) {
+    }
+    // Overlaps: chunks in order of their dim-0 start, each against those that start before it
+    // ends there (FSDP's dim-0 pieces meet none, so this is a sort, not every pair).
+    if (!t.shape.empty()) {
+      std::vector<std::size_t> order(t.chunks.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return t.chunks[x].offsets[0] < t.chunks[y].offsets[0]; });
+      for (std::size_t a = 0; a < order.size(); ++a) {
+        const Chunk& ci = t.chunks[order[a]];
+        for (std::size_t b = a + 1; b < order.size() && t.chunks[order[b]].offsets[0] - ci.offsets[0] < ci.sizes[0]; ++b) {
+          const Chunk& ck = t.chunks[order[b]];
+          if (!intersect(ci.offsets, ci.sizes, ck.offsets, ck.sizes)) continue;
+          const auto [first, second] = std::minmax(order[a], order[b]);
           problem({root, std::nullopt,
-                   "chunks of '" + t.name + "' at " + detail::shape_text(t.chunks[i].offsets) + " and " +
-                       detail::shape_text(t.chunks[k].offsets) + " overlap"});
+                   "chunks of '" + t.name + "' at " + detail::shape_text(t.chunks[first].offsets) + " and " +
+                       detail::shape_text(t.chunks[second].offsets) + " overlap"});
         }
       }
     }

@@ -19,6 +19,7 @@
 
 #include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/copy.hpp"
 #include "ckpt/ops/filter.hpp"
 #include "ckpt/progress.hpp"
 
@@ -34,6 +35,7 @@ struct MergeOptions {
   std::optional<DType> dtype;                 ///< cast the model's floating tensors (NOTE [What --dtype casts])
   std::vector<std::string> cast_include;      ///< --cast-include: also cast the floating tensors these globs name
   CastCheck cast_check = CastCheck::kReport;  ///< a cast that overflows or flushes values: a note, or (--strict-cast) an error
+  Verify verify = Verify::kNo;                ///< check the input's CRC-32s as they pass (--verify), failing closed
   std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
   bool model_only = false;                    ///< only the top-level key "model"
   /// safetensors: the Hugging Face sharded layout in a directory, files of at most this size

@@ -39,6 +39,7 @@
 
 #include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/copy.hpp"
 #include "ckpt/dcp.hpp"
 #include "ckpt/ops/filter.hpp"
 #include "ckpt/progress.hpp"
@@ -57,6 +58,7 @@ struct ShardOptions {
   std::optional<DType> dtype;                 ///< cast the model's floating tensors (NOTE [What --dtype casts]; not those inside bytes items or meta.pt)
   std::vector<std::string> cast_include;      ///< --cast-include: also cast the floating tensors these globs name
   CastCheck cast_check = CastCheck::kReport;  ///< a cast that overflows or flushes values: a note, or (--strict-cast) an error
+  Verify verify = Verify::kNo;                ///< check the input's CRC-32s as they pass (--verify), failing closed
   std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
   std::optional<std::string> key;             ///< input that is not DCP: put every entry under this key
   /// The most memory one task may need: a band of a gathered tensor (dim-1 or strided input, a
