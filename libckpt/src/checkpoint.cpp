@@ -74,8 +74,8 @@ TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t
   loc.offset = resolve_window(*st.data).offset;
   loc.length = st.data->size();
   const bool strided = t.stride != contiguous_strides(t.shape);
-  if (strided || t.storage_offset != 0) {
-    loc.layout = ChunkLocation::LayoutPtr(ChunkLocation::Layout{{}, strided ? t.stride : std::vector<std::int64_t>{}, t.storage_offset});
+  if (strided || t.storage_offset != 0 || st.crc32 != 0) {
+    loc.layout = ChunkLocation::LayoutPtr(ChunkLocation::Layout{{}, strided ? t.stride : std::vector<std::int64_t>{}, t.storage_offset, st.crc32});
   }
   e.chunks.push_back({std::vector<std::int64_t>(t.shape.size(), 0), t.shape, loc});
   return e;
@@ -310,6 +310,7 @@ ChunkData ChunkReader::read(const TensorEntry& tensor, const Chunk& chunk) const
     d.storage = sub_source(file(loc.file), loc.offset, loc.length, tensor.name);
     d.strides = loc.strides().empty() ? contiguous_strides(chunk.sizes) : loc.strides();
     d.storage_offset = loc.storage_offset();
+    d.crc32 = loc.crc32();
     return d;
   }
   std::uint64_t bytes = element_size(tensor.dtype);

@@ -90,7 +90,7 @@ ckpt::pickle::ValuePtr param_groups(const ShardedOptimizer& optimizer, const std
   const OptimizerOptions& o = optimizer.options();
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> g;
   auto put = [&](const std::string& k, pk::ValuePtr v) { g.emplace_back(pk::make_str(k), std::move(v)); };
-  put("lr", pk::make_float(o.lr));
+  put("lr", pk::make_float(optimizer.lr()));  // the current one, as torch's optimizer state holds it
   if (o.kind == OptimizerKind::kAdamW) {
     put("betas", pk::make_tuple({pk::make_float(o.beta1), pk::make_float(o.beta2)}));
     put("eps", pk::make_float(o.eps));
@@ -105,6 +105,7 @@ ckpt::pickle::ValuePtr param_groups(const ShardedOptimizer& optimizer, const std
   put("maximize", pk::make_bool(false));
   put("foreach", pk::make_none());
   put("differentiable", pk::make_bool(false));
+  if (optimizer.scheduled()) put("initial_lr", pk::make_float(o.lr));  // LambdaLR's, added after the defaults
   std::vector<pk::ValuePtr> params;
   for (const auto& f : fqns) params.push_back(pk::make_str(f));
   put("params", pk::make_list(std::move(params)));

@@ -76,6 +76,7 @@ std::int64_t ShardedOptimizer::state_bytes() const {
 void ShardedOptimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   ++steps_;
+  lr_ = lr;
   const auto& o = options_;
   for (std::size_t i = 0; i < model_.units().size(); ++i) {
     const auto& unit = model_.units()[i];

@@ -116,8 +116,10 @@ def pytorch_equivalence(tied=False):
         s = full["optimizer"]["state"][name]
         assert float(s["step"]) == 6.0 and s["exp_avg"].shape == param.shape, (name, s["step"], s["exp_avg"].shape)
         opt.state[param] = {"step": s["step"].clone(), "exp_avg": s["exp_avg"].clone(), "exp_avg_sq": s["exp_avg_sq"].clone()}
-    for g in opt.param_groups:
-        g["lr"] = gpt.learning_rate(7, 3e-3, 8, 3)
+    # param_groups hold the learning rate of the next step, as a LambdaLR's step() leaves it, and
+    # the peak as its initial_lr (issue 28 item 10): the optimizer made from them steps as ours did.
+    assert close(groups[0]["lr"], gpt.learning_rate(7, 3e-3, 8, 3), 1e-12) and groups[0]["initial_lr"] == 3e-3, groups[0]
+    assert list(groups[0])[-2:] == ["initial_lr", "params"], list(groups[0])
     theirs.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -638,7 +640,50 @@ def no_run_over_another():
     r = train("--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest", expect=1)
     assert "notes.txt" in r.stderr, r.stderr
     assert open(os.path.join(mine, "notes.txt")).read() == "mine"
+    # a resume that changes the schedule or the global batch says so, in one line each
+    shutil.rmtree(mine)
+    r = train("--steps", "6", "--batch-size", "2", "--ckpt-dir", d, "--resume", "latest")
+    warnings = [l for l in r.stdout.splitlines() + r.stderr.splitlines() if l.startswith(("warning:", "fsdp-train: warning:"))]
+    assert any("--steps is 6" in w for w in warnings) and any("global batch is 2" in w for w in warnings), (r.stdout, r.stderr)
+
+
+def random_kills_while_saving():
+    # SIGKILL at random moments of a 2-rank run that saves every step (seeded, about 30 s): every
+    # checkpoint with .metadata verifies --deep, the next --resume latest goes on from the newest
+    # complete one, and no temporary file is left once it has saved (issue 28's proof).
+    import random
+    rng = random.Random(28)
+    d = os.path.join(work, "randkill")
+    cmd = [a.train, *BASE, "--data", a.text, "--steps", "100000", "--batch-size", "4", "--ckpt-dir", d, "--save-every", "1",
+           "--keep-last", "3", "--nproc", "2"]
+    kills = incomplete_seen = 0
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        proc = subprocess.Popen(cmd + (["--resume", "latest"] if os.path.isdir(d) else []), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(rng.uniform(0.5, 3.0))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        kills += 1
+        steps = sorted(n for n in os.listdir(d) if n.startswith("step-")) if os.path.isdir(d) else []
+        for n in steps:
+            if os.path.exists(os.path.join(d, n, ".metadata")):
+                v = verify_deep(os.path.join(d, n))
+                assert v.returncode == 0, f"kill {kills}: {n} has .metadata and does not verify: {v.stdout}{v.stderr}"
+            else:
+                incomplete_seen += 1
+    complete = sorted(n for n in os.listdir(d) if os.path.exists(os.path.join(d, n, ".metadata")))
+    at = int(complete[-1][5:]) if complete else 0
+    train("--steps", "100000", "--stop-at-step", str(at + 1), "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest",
+          "--save-every", "1", "--keep-last", "3", nproc=2)
+    verified(os.path.join(d, f"step-{at + 1:08d}"))
+    left = [os.path.join(r_, f) for r_, _, fs in os.walk(d) for f in fs if ".tmp" in f]
+    assert not left, left
+    print(f"     fsdp-train: {kills} random kills while saving every step, {incomplete_seen} interrupted saves seen, "
+          f"every complete checkpoint verified")
 
 
 check("no_run_over_another", no_run_over_another)
+check("random_kills_while_saving", random_kills_while_saving)
 finish()

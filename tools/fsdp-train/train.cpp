@@ -238,7 +238,9 @@ class Trainer {
         local += loss.item<double>();
       }
       const double norm = c_.grad_clip > 0 ? strategy_.clip_gradients_norm(opt_, c_.grad_clip, /*error_if_nonfinite=*/false) : -1;
-      if (!strategy_.optimizer_step(opt_, lr)) {
+      const bool stepped = strategy_.optimizer_step(opt_, lr);
+      opt_.set_lr(learning_rate(c_, step + 1));  // what a scheduler's step() leaves in param_groups: the next step's
+      if (!stepped) {
         const fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_);
         say("step " + std::to_string(step) + ": the gradients hold an inf or NaN; step skipped, grad scale now " +
             std::to_string(scaler ? scaler->get_scale() : 0.0));
@@ -377,6 +379,13 @@ class Trainer {
     o.momentum = c.momentum;
     o.weight_decay = c.weight_decay;
     return o;
+  }
+
+  // Rank 0's warnings, on stderr even with -q.
+  void warn(const std::string& s) const {
+    if (rank_ != 0) return;
+    clear_bar();
+    std::cerr << "fsdp-train: warning: " << s << std::endl;
   }
 
   void say(const std::string& s) const {
@@ -549,6 +558,30 @@ class Trainer {
         c_.ckpt_dir + " (up to step " + std::to_string(latest) + ")");
   }
 
+  // A resumed run may change --steps, the batch or the world size; the run goes on, but the
+  // learning-rate schedule or the global batch it trains with then differs from the saved run's.
+  void warn_if_schedule_changed(const pk::ValuePtr& meta) const {
+    const pk::Value* cfg = lookup(meta.get(), "config");
+    auto saved = [&](const char* key) -> std::optional<std::int64_t> {
+      const pk::Value* v = lookup(cfg, key);
+      return v && v->int64() ? std::optional(*v->int64()) : std::nullopt;
+    };
+    if (!cfg) return;
+    if (const auto s = saved("steps"); s && *s != c_.steps) {
+      warn("--steps is " + std::to_string(c_.steps) + ", the checkpoint's run had " + std::to_string(*s) +
+          ": the learning-rate schedule (warmup and cosine decay to --steps) is not the one it was following");
+    }
+    const auto b = saved("batch_size"), a = saved("accumulate"), w = saved("world_size");
+    if (b && a && w) {
+      const std::int64_t before = *b * *a * *w, now = static_cast<std::int64_t>(c_.batch_size) * c_.accumulate * world_;
+      if (before != now) {
+        warn("the global batch is " + std::to_string(now) + " sequences a step (batch " + std::to_string(c_.batch_size) + " x accumulate " +
+            std::to_string(c_.accumulate) + " x " + std::to_string(world_) + " ranks), the checkpoint's run had " + std::to_string(before) +
+            ": the same learning rate now applies to another batch size");
+      }
+    }
+  }
+
   std::int64_t resume() {
     fs::path path = c_.resume;
     if (c_.resume == "latest") {
@@ -588,6 +621,7 @@ class Trainer {
     fsdp::State state{{"model", &fsdp_}, {"optimizer", &opt_}};
     const pk::ValuePtr meta = strategy_.load_checkpoint(path, state, /*strict=*/true);
     check_same_model(c_, meta, path);
+    warn_if_schedule_changed(meta);
     std::int64_t step = opt_.steps();
     if (const pk::Value* s = lookup(meta.get(), "step"); s && s->int64()) step = *s->int64();
     if (fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_)) {

@@ -55,6 +55,7 @@ struct ChunkLocation {
     std::vector<std::string> transforms;  ///< DCP transform descriptors, innermost first ("stream.zstd/1")
     std::vector<std::int64_t> strides;    ///< kRaw: element strides; empty means C-contiguous
     std::int64_t storage_offset;          ///< kRaw: first element, in elements from `offset` (0 when not given)
+    std::uint32_t crc32;                  ///< kRaw in a torch.save file: the storage record's recorded CRC-32 (0: none)
   };
   /// A shared, immutable Layout, its count in its own block: 8 bytes where a std::shared_ptr
   /// takes 16 (NOTE [Compact chunks]: a chunk is 80 bytes with it, 88 with a shared_ptr).
@@ -90,6 +91,7 @@ struct ChunkLocation {
   const std::vector<std::string>& transforms() const noexcept { return layout ? layout->transforms : kNone.transforms; }
   const std::vector<std::int64_t>& strides() const noexcept { return layout ? layout->strides : kNone.strides; }
   std::int64_t storage_offset() const noexcept { return layout ? layout->storage_offset : 0; }
+  std::uint32_t crc32() const noexcept { return layout ? layout->crc32 : 0; }
 
  private:
   static inline const Layout kNone{};
@@ -209,8 +211,8 @@ struct ChunkData {
   std::vector<std::int64_t> shape;    ///< == the chunk's sizes
   std::vector<std::int64_t> strides;  ///< element strides (C-contiguous filled in)
   std::int64_t storage_offset = 0;    ///< first element
-  /// `storage`'s CRC-32 as its archive records it: a DCP tensor item's storage record; 0 when
-  /// none is recorded (raw storage: safetensors, HDF5, a torch.save file's index).
+  /// `storage`'s CRC-32 as its archive records it (a DCP tensor item's storage record, a torch.save
+  /// file's); 0 when none is recorded (safetensors, HDF5).
   std::uint32_t crc32 = 0;
 };
 

@@ -70,7 +70,7 @@ std::uint32_t DcpIndexBuilder::file_index(std::string_view name, std::uint64_t a
 
 ChunkLocation::LayoutPtr DcpIndexBuilder::layout(std::vector<std::string> transforms) {
   if (!last_layout_ || last_layout_->transforms != transforms) {
-    last_layout_ = ChunkLocation::LayoutPtr(ChunkLocation::Layout{std::move(transforms), {}, 0});
+    last_layout_ = ChunkLocation::LayoutPtr(ChunkLocation::Layout{std::move(transforms), {}, 0, 0});
   }
   return last_layout_;
 }

@@ -44,6 +44,17 @@ class ShardedOptimizer {
   double clip_grad_norm(double max_norm, bool error_if_nonfinite = false);
   /// One update at learning rate `lr`, every unit.
   void step(double lr);
+  /// The learning rate param_groups records as "lr": the last step's, or what a schedule set for
+  /// the next step (set_lr, as torch's LRScheduler.step() sets group["lr"]); options().lr before
+  /// either.
+  double lr() const noexcept { return lr_; }
+  /// A schedule's learning rate for the next step. From then on param_groups also records
+  /// "initial_lr" (options().lr), as torch's LambdaLR adds it to each group.
+  void set_lr(double lr) noexcept {
+    lr_ = lr;
+    scheduled_ = true;
+  }
+  bool scheduled() const noexcept { return scheduled_; }
 
   const OptimizerOptions& options() const noexcept { return options_; }
   /// Updates taken (PyTorch's per-parameter "step"; the same for every parameter here).
@@ -63,6 +74,8 @@ class ShardedOptimizer {
   FullyShardedSequential& model_;
   OptimizerOptions options_;
   std::int64_t steps_ = 0;
+  double lr_ = options_.lr;
+  bool scheduled_ = false;
   std::vector<std::map<std::string, torch::Tensor>> buffers_;  ///< per unit (empty for units without parameters)
 };
 

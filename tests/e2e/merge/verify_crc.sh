@@ -25,3 +25,17 @@ echo "exit $?"
 "$FSDP_CKPT_SHARD" -q ck -o checked -n 3 --verify
 echo "exit $?"
 ls
+# a torch.save file as input: its records' CRCs are checked the same way
+/usr/bin/python3 -c '
+import zipfile
+z = zipfile.ZipFile("clean.pt")
+i = [i for i in z.infolist() if "/data/" in i.filename][0]
+b = bytearray(open("clean.pt", "rb").read())
+name_len, extra_len = int.from_bytes(b[i.header_offset + 26:i.header_offset + 28], "little"), int.from_bytes(b[i.header_offset + 28:i.header_offset + 30], "little")
+b[i.header_offset + 30 + name_len + extra_len + 1] ^= 1
+open("clean.pt", "wb").write(b)'
+"$FSDP_CKPT_MERGE" -q clean.pt -o from_pt.safetensors --verify
+echo "exit $?"
+"$FSDP_CKPT_SHARD" -q clean.pt -o from_pt -n 2 --verify
+echo "exit $?"
+ls from_pt* 2>/dev/null
