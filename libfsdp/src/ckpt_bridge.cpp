@@ -203,20 +203,29 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
     options.planner_data.set(key + ".param_groups", path_of({key, "param_groups"}));
   }
   try {
-    // An older checkpoint here stops being one before any of its files is replaced.
-    if (rank == 0) {
+    // A checkpoint already at `dir` (a resumed run saving a step again) stays whole until the new
+    // one is: the new one is written beside it, at a name every rank derives, and exchanged with it
+    // at the end (NOTE [Atomic outputs]). What an earlier save left there is removed first.
+    std::filesystem::path into = dir;
+    const bool replacing = std::filesystem::exists(dir / ".metadata");
+    if (replacing) into += ".partial";
+    group.barrier();  // every rank has looked before anything changes
+    if (rank == 0 && replacing) {
       std::error_code ec;
-      std::filesystem::remove(dir / ".metadata", ec);
+      std::filesystem::remove_all(into, ec);
     }
     group.barrier();
-    ckpt::write_dcp_rank_files(dir, tensors, objects, options, rank);
+    ckpt::write_dcp_rank_files(into, tensors, objects, options, rank);
     if (rank == 0 && o.meta) {
-      auto sink = ckpt::open_file_sink(dir / "meta.pt", ckpt::Overwrite::kYes);
+      auto sink = ckpt::open_file_sink(into / "meta.pt", ckpt::Overwrite::kYes);
       ckpt::TorchSaveBuilder().write(*sink, *o.meta);
       sink->commit();
     }
     group.barrier();
-    if (rank == 0) ckpt::write_dcp_metadata(dir, tensors, objects, options);
+    if (rank == 0) {
+      ckpt::write_dcp_metadata(into, tensors, objects, options);
+      if (replacing) ckpt::replace_output(into, dir);
+    }
     group.barrier();
   } catch (const ckpt::Error& e) {
     throw Error("rank " + std::to_string(rank) + ": saving " + dir.string() + ": " + e.what());

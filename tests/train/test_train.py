@@ -645,6 +645,23 @@ def no_run_over_another():
     r = train("--steps", "6", "--batch-size", "2", "--ckpt-dir", d, "--resume", "latest")
     warnings = [l for l in r.stdout.splitlines() + r.stderr.splitlines() if l.startswith(("warning:", "fsdp-train: warning:"))]
     assert any("--steps is 6" in w for w in warnings) and any("global batch is 2" in w for w in warnings), (r.stdout, r.stderr)
+    # Saving a step again over a whole checkpoint (a run resumed from an earlier one) replaces it only
+    # once the new one is whole: killed in the middle of that save, the old one is intact.
+    import hashlib
+    step6 = os.path.join(d, "step-00000006")
+
+    def tree(path):
+        return sorted((f, hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()) for f in os.listdir(path))
+
+    before = tree(step6)
+    again = [a.train, *BASE, "--data", a.text, "--steps", "6", "--batch-size", "2", "--ckpt-dir", d, "--resume",
+             os.path.join(d, "step-00000002")]
+    r = subprocess.run(again, capture_output=True, text=True, timeout=300, env=dict(os.environ, FSDP_TEST_CRASH_AT="task:3"))
+    assert r.returncode != 0 and tree(step6) == before, (r.returncode, r.stderr)
+    verified(step6)
+    train(*again[len(BASE) + 3:])
+    verified(step6)
+    assert tree(step6) != before and not os.path.exists(step6 + ".partial"), os.listdir(d)  # .metadata's save id differs
 
 
 def random_kills_while_saving():

@@ -105,6 +105,12 @@ enum class OutputKind {
 /// Only reads. Throws kInvalidArgument naming what is in the way.
 void check_output(const std::filesystem::path& output, OutputKind kind, Overwrite overwrite);
 
+/// Puts the finished output `built` (a file or a directory beside `output`) in `output`'s place:
+/// renamed there, or, when `output` exists (check_output has allowed replacing it), exchanged with
+/// it in one atomic step and the old one removed, so that `output` always names one whole output
+/// (NOTE [Atomic outputs]). Throws kIo.
+void replace_output(const std::filesystem::path& built, const std::filesystem::path& output);
+
 /// A sequential byte writer. Nothing a sink writes is visible under its final name before commit().
 class ByteSink {
  public:

@@ -150,6 +150,8 @@ void check_output(const std::filesystem::path& output, OutputKind kind, Overwrit
   if (ec) throw Error(ErrorKind::kIo, output.string(), std::nullopt, "cannot list the output directory: " + ec.message());
 }
 
+void replace_output(const std::filesystem::path& built, const std::filesystem::path& output) { detail::move_into_place(built, output); }
+
 namespace detail {
 
 void prepare_output(const std::filesystem::path& output, OutputKind kind, Overwrite overwrite, Progress* progress) {
