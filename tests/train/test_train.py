@@ -400,6 +400,35 @@ def interrupt_whole_group():
         steps = [n for n in os.listdir(d) if n.startswith("step-")]
         assert len(steps) == 1, (sig.name, steps)
         verified(os.path.join(d, steps[0]))
+    # srun's way without our launcher: each rank started on its own (SLURM's variables), SIGTERM to
+    # every task at once.
+    import socket
+    sk = socket.socket()
+    sk.bind(("127.0.0.1", 0))
+    port = sk.getsockname()[1]
+    sk.close()
+    d = os.path.join(work, "group-srun")
+    log = d + ".jsonl"
+    leader = None
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+        env.update(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_JOB_NODELIST="localhost", MASTER_PORT=str(port))
+        cmd = [a.train, *BASE, "--data", a.text, "--steps", "100000", "--batch-size", "4", "--ckpt-dir", d, "--log-jsonl", log]
+        group = 0 if leader is None else leader  # one process group for both tasks, as srun's job step
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda g=group: os.setpgid(0, g)))
+        leader = leader or procs[0].pid
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(log) and len(open(log).read().splitlines()) >= 3):
+        time.sleep(0.1)
+    os.killpg(leader, signal.SIGTERM)
+    for pr in procs:
+        out, err = pr.communicate(timeout=120)
+        assert pr.returncode == 0, ("srun-like", pr.returncode, err)
+    steps = [n for n in os.listdir(d) if n.startswith("step-")]
+    assert len(steps) == 1, steps
+    verified(os.path.join(d, steps[0]))
     d = os.path.join(work, "group-twice")
     proc = start_long(d, d + ".jsonl")
     os.kill(proc.pid, signal.SIGINT)
