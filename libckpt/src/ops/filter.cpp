@@ -55,7 +55,7 @@ void EntrySelection::conclude(const std::string& where, std::size_t kept, bool c
 std::string_view top_level_key(const Checkpoint& c, std::string_view fqn) {
   thread_local std::vector<KeyPaths::KeyView> keys;
   if (c.planner_data.keys(fqn, keys) && !keys.empty()) return keys.front().is_int ? std::string_view() : keys.front().text;
-  if (c.format != Format::kDcp && c.format != Format::kLightningSharded) return {};
+  if (!is_dcp(c.format)) return {};
   const std::size_t dot = fqn.find('.');
   return dot == std::string_view::npos ? fqn : fqn.substr(0, dot);
 }

@@ -277,11 +277,9 @@ class Merger {
     if (l.kind == Leaf::kMeta || l.flat) return path(l);
     const std::string& fqn = l.tensor ? l.tensor->name : l.object->name;
     std::vector<Key> keys = path_of(fqn, MergeLayout::kNested);
-    const std::size_t dot = fqn.find('.');
-    const bool dcp = c_.format == Format::kDcp || c_.format == Format::kLightningSharded;
-    if (dcp && !c_.planner_data.contains(fqn) && dot != std::string::npos && dot > 0) {
-      const std::string_view name(fqn);
-      keys = {Key{false, name.substr(0, dot), 0}, Key{false, name.substr(dot + 1), 0}};
+    if (!c_.planner_data.contains(fqn)) {  // no path stored: split where top_level_key says
+      const std::string_view top = top_level_key(c_, fqn);
+      if (!top.empty() && top.size() < fqn.size()) keys = {Key{false, top, 0}, Key{false, std::string_view(fqn).substr(top.size() + 1), 0}};
     }
     return keys;
   }

@@ -137,7 +137,7 @@ class Sharder {
   void collect() {
     plan_.tensors.reserve(c_.tensors.size());  // a bound when the input is a DCP (untouched room is not resident)
     sources_.reserve(c_.tensors.size());
-    const bool dcp = c_.format == Format::kDcp || c_.format == Format::kLightningSharded;
+    const bool dcp = is_dcp(c_.format);
     if (dcp && o_.key) throw Error(ErrorKind::kInvalidArgument, "--key applies to input that is not a DCP directory (its FQNs are kept)");
     if (dcp) return collect_dcp();
     if (c_.format == Format::kTorchSave) return collect_torch_save();
