@@ -21,10 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/dcp.hpp"
+#include "ckpt/formats/dcp.hpp"
+#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/io.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/pickle.hpp"
-#include "ckpt/torch_save.hpp"
 #include "zip/crc32.hpp"
 
 namespace {

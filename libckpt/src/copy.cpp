@@ -81,8 +81,8 @@ std::vector<std::uint32_t> run_copy(PositionalSink& sink, const TaskSource& next
 // NOTE [CRC groups in flight]: a call of the source makes every task of the groups it touches, so
 // a group is complete once its tasks are done. Its finished pieces, (offset, length, crc), are
 // kept only until then, and then combined in offset order into its CRC: what the engine holds is
-// one CRC per group and the pieces of the groups in flight (a list of every piece, kept to the
-// end, held 5 MB at 200,000 groups).
+// one CRC per group and the pieces of the groups in flight, never a list of every piece, which
+// would grow with the output.
 std::vector<std::uint32_t> run_copy(std::span<PositionalSink* const> sinks, const TaskSource& next, std::uint64_t total,
                                     std::size_t groups, const CopyOptions& options) {
   struct Piece {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The dtype table. Storage classes from torch/storage.py (_dtype_to_storage_type_map); dtypes
-// without one pickle as UntypedStorage + _rebuild_tensor_v3 (spec/FORMATS.md §2.6). The
+// without one pickle as UntypedStorage + _rebuild_tensor_v3 (docs/formats/torch_save.md#tensors-and-storages). The
 // sub-byte shell dtypes (uint1..7, int1..7) have torch itemsize 1.
 #include "ckpt/dtype.hpp"
 

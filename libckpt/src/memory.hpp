@@ -2,12 +2,12 @@
 // NOTE [Giving freed memory back]: an operation on a large checkpoint works in phases (collect,
 // place, plan, write), each building what the next needs and freeing what it no longer does.
 // glibc's malloc keeps freed small blocks in its heaps for reuse, and a heap's pages stay resident
-// while any block above them lives; so a phase that frees 30 MB of small blocks may still hold
+// while any block above them lives; so a phase that frees many small blocks may still hold
 // them while the next phase's blocks (of other sizes) take fresh pages, and the peak RSS
 // approaches the two phases' sum. Between
 // phases the operation asks malloc to hand the free pages back (malloc_trim, all arenas, their
-// inner free pages too). Measured at 100,000 tensors: a reshard to 3 ranks peaked at 100-102 MiB
-// instead of 107. The checkpoint tools also fix malloc's mapping threshold
+// inner free pages too), so the peak is the larger phase, not the sum. The checkpoint tools also
+// fix malloc's mapping threshold
 // (fsdp_tools::map_large_blocks), so that a large block freed is given back at once.
 #pragma once
 

@@ -8,11 +8,11 @@
 #include <set>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/dcp.hpp"
-#include "ckpt/sharding.hpp"
 #include "ckpt/error.hpp"
-#include "ckpt/ops/shard.hpp"
-#include "ckpt/torch_save.hpp"
+#include "ckpt/formats/dcp.hpp"
+#include "ckpt/formats/torch_save.hpp"
+#include "ckpt/open.hpp"
+#include "ckpt/sharding.hpp"
 #include "fsdp/checkpoint.hpp"
 
 namespace fsdp {

@@ -13,7 +13,7 @@ root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def tiny_state_dict():
-    # The worked example of spec/FORMATS.md §2.8: views, a shared storage, bf16, a Parameter.
+    # Views, a shared storage, bf16, a Parameter: what docs/formats/torch_save.md describes.
     n = torch.tensor([7, 8, 9], dtype=torch.int64)
     model = collections.OrderedDict(w=torch.arange(6, dtype=torch.float32).reshape(2, 3),
                                     b=torch.tensor([1.5, -2.0], dtype=torch.bfloat16), n=n, view=n[1:])

@@ -14,8 +14,8 @@
 #include <map>
 #include <string>
 
+#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/io.hpp"
-#include "ckpt/torch_save.hpp"
 #include "fsdp/checkpoint.hpp"
 #include "fsdp/fully_sharded.hpp"
 #include "launch.hpp"

@@ -14,7 +14,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/ops/validate.hpp"
-#include "formats/dcp_metadata.hpp"
+#include "formats/dcp/metadata.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);

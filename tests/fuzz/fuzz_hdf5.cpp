@@ -12,7 +12,7 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
-#include "ckpt/hdf5.hpp"
+#include "ckpt/formats/hdf5.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const std::string path = "/dev/shm/fuzz-hdf5-" + std::to_string(::getpid()) + ".h5";

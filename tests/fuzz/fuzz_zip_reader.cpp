@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "ckpt/error.hpp"
-#include "ckpt/torch_save.hpp"
+#include "ckpt/formats/torch_save.hpp"
 #include "zip/zip_reader.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -15,6 +15,9 @@
 //   ckpt_probe readers DIR                DIR/.metadata through both readers (NOTE [The direct .metadata
 //                                         reader]): exit 0 when the direct one accepts it and builds the
 //                                         tree reader's index, 1 when they differ, 3 when it declines
+//   ckpt_probe time-reader DIR direct|tree ROUNDS   the median ms of one .metadata reader (bench/metadata)
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -22,13 +25,14 @@
 #include <string>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/formats/dcp.hpp"
+#include "ckpt/formats/safetensors.hpp"
+#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/io.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/pickle.hpp"
-#include "ckpt/safetensors.hpp"
-#include "ckpt/torch_save.hpp"
-#include "formats/dcp_metadata.hpp"
+#include "formats/dcp/metadata.hpp"
 #include "interop/sample.hpp"
 #include "ops/elements.hpp"
 
@@ -249,6 +253,32 @@ int readers(const std::filesystem::path& dir) {
   return 0;
 }
 
+// Reads DIR/.metadata `rounds` times with one reader (bench/metadata) and prints the median wall
+// time in ms; the process's peak RSS is the reader's (GNU time measures it from outside).
+int time_reader(const std::filesystem::path& dir, const std::string& which, int rounds) {
+  const auto src = ckpt::open_mmap(dir / ".metadata");
+  const auto bytes = src->read_vector(0, src->size());
+  std::vector<double> ms;
+  for (int i = 0; i < rounds; ++i) {
+    ckpt::Checkpoint c;
+    c.root = dir;
+    c.format = ckpt::Format::kDcp;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (which == "direct") {
+      if (!ckpt::detail::read_dcp_metadata_direct(bytes, ".metadata", c)) {
+        std::cout << "direct reader declined " << dir.string() << "\n";
+        return 3;
+      }
+    } else {
+      ckpt::detail::read_dcp_metadata_tree(bytes, ".metadata", c);
+    }
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  std::cout << ms[ms.size() / 2] << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -258,6 +288,7 @@ int main(int argc, char** argv) {
     if (cmd == "dump-safetensors" && argc == 3) return dump_safetensors(argv[2]);
     if (cmd == "dump-checkpoint" && argc == 3) return dump_checkpoint(argv[2]);
     if (cmd == "readers" && argc == 3) return readers(argv[2]);
+    if (cmd == "time-reader" && argc == 5) return time_reader(argv[2], argv[3], std::stoi(argv[4]));
     if (cmd == "write-dcp" && argc == 6) {
       fsdp_test::write_sample_dcp(argv[2], std::stoi(argv[3]), argv[4], argv[5]);
       return 0;

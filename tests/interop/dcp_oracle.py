@@ -11,7 +11,7 @@ import types
 
 
 def install_2x_stubs():
-    """Stand-ins for the torch 2.x DCP classes (spec/FORMATS.md §3.3.1) at their module paths."""
+    """Stand-ins for the torch 2.x DCP classes (docs/formats/dcp.md#metadata) at their module paths."""
     if "torch.distributed.checkpoint.metadata" in sys.modules:
         return
     m = types.ModuleType("torch.distributed.checkpoint.metadata")
@@ -135,7 +135,7 @@ def set_element(root, path, value):
 
 
 def dcp_to_torch_save(torch, path):
-    """What dcp_to_torch_save produces for a DCP directory (spec/FORMATS.md §3.10), in Python: every
+    """What dcp_to_torch_save produces for a DCP directory (docs/formats/dcp.md#dcp_to_torch_save), in Python: every
     entry in state_dict_metadata order, nested by planner_data, bytes items unpickled."""
     meta = pickle.load(open(os.path.join(path, ".metadata"), "rb"))
     tensors, objects = python_read(torch, path)

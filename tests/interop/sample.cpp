@@ -4,10 +4,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "ckpt/dcp.hpp"
 #include "ckpt/dtype.hpp"
-#include "ckpt/safetensors.hpp"
-#include "ckpt/torch_save.hpp"
+#include "ckpt/formats/dcp.hpp"
+#include "ckpt/formats/safetensors.hpp"
+#include "ckpt/formats/torch_save.hpp"
 
 namespace fsdp_test {
 

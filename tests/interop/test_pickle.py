@@ -18,8 +18,8 @@ a = args()
 torch = import_torch()
 work = tmpdir()
 
-# Stand-ins for DCP's classes at their torch 2.x module path, with the fields spec/FORMATS.md
-# §3.3.1 gives (torch.distributed.checkpoint cannot be imported on Python 3.11 with torch 1.13).
+# Stand-ins for DCP's classes at their torch 2.x module path, with the fields docs/formats/dcp.md#metadata
+# gives (torch.distributed.checkpoint cannot be imported on Python 3.11 with torch 1.13).
 mod = types.ModuleType("torch.distributed.checkpoint.metadata")
 sys.modules[mod.__name__] = mod
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """safetensors interop. Debian has no safetensors package, so the oracle is the layout itself
-(spec/FORMATS.md §4, the reference writer's rules) read with Python's json and torch.frombuffer,
+(docs/formats/safetensors.md, the reference writer's rules) read with Python's json and torch.frombuffer,
 and the real files in ../shared/testdata-real written by the reference implementation."""
 import json
 import os

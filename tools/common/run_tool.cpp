@@ -9,9 +9,9 @@
 #endif
 
 #include "ckpt/copy.hpp"
+#include "ckpt/text.hpp"
 
 #include "ckpt/error.hpp"
-#include "ckpt/ops/inspect.hpp"
 
 namespace fsdp_tools {
 

@@ -16,9 +16,8 @@ int run_tool(std::string_view program, const std::function<int()>& body);
 /// system when freed. glibc otherwise raises its mapping threshold to the size of each mapped
 /// block freed (up to 32 MiB), after which such vectors come from the heap, whose pages stay
 /// resident once freed; a later phase then takes fresh pages beside them (NOTE [Giving freed
-/// memory back] in libckpt/src/memory.hpp). At 100,000 tensors this took the peak of a merge to
-/// .pt from 86 to 74 MiB, of a reshard from 95 to 89. Not for fsdp-train, whose LibTorch tensors
-/// would each be mapped and unmapped.
+/// memory back] in libckpt/src/memory.hpp), and the peak is two phases' sum. Not for
+/// fsdp-train, whose LibTorch tensors would each be mapped and unmapped.
 void map_large_blocks();
 
 /// For tools that write: the first SIGINT or SIGTERM asks the copy engine to stop

@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/ops/inspect.hpp"
+#include "ckpt/text.hpp"
 #include "common/cli_common.hpp"
 #include "common/progress_bar.hpp"
 #include "common/run_tool.hpp"

@@ -15,9 +15,8 @@ namespace fsdp_train {
 /// --auto-wrap auto: units of at least this many parameters, the default min_num_params of
 /// PyTorch's size_based_auto_wrap_policy (1e8). A smaller model is one unit, as Lightning's
 /// FSDPStrategy makes it without a policy: per step one all-gather and one reduce-scatter, where
-/// a unit per block pays a gather, a re-gather and a reduction each. At 2 ranks on 2 cores the
-/// default GPT's FULL_SHARD step took 0.93x DDP's as one unit and 1.70x as a unit per top-level
-/// module (bench/train, medians of 7 rounds).
+/// a unit per block pays a gather, a re-gather and a reduction each (bench/train compares the two
+/// at the default GPT).
 inline constexpr std::int64_t kAutoWrapParams = 100'000'000;
 
 struct TrainConfig {

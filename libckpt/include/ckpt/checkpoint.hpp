@@ -38,13 +38,13 @@ struct CheckpointFile {
 
 /// How a chunk's bytes are stored at its location.
 enum class ChunkEncoding : std::uint8_t {
-  kRaw,            ///< the elements themselves (safetensors; a torch.save storage record)
-  kTorchSaveItem,  ///< a whole torch.save archive holding one tensor (a DCP tensor item)
+  kRaw,   ///< the elements themselves (safetensors; a torch.save storage record)
+  kItem,  ///< an item in its format's own encoding, read through Checkpoint::items (a DCP tensor item)
 };
 
 /// Where a chunk's bytes are. NOTE [Compact chunks] (dims.hpp): there is one per chunk, so what
 /// few chunks have (transforms, a view's strides and storage offset) is kept out of line in one
-/// shared, immutable block; a DCP reader gives every chunk with the same transforms the same block.
+/// shared, immutable block; a reader gives every chunk with the same transforms the same block.
 struct ChunkLocation {
   std::uint64_t offset = 0;             ///< absolute offset in the file
   std::uint64_t length = 0;             ///< bytes at offset (after transforms, for DCP)
@@ -52,13 +52,13 @@ struct ChunkLocation {
   ChunkEncoding encoding = ChunkEncoding::kRaw;
 
   struct Layout {
-    std::vector<std::string> transforms;  ///< DCP transform descriptors, innermost first ("stream.zstd/1")
+    std::vector<std::string> transforms;  ///< the format's transform descriptors, innermost first (DCP: "stream.zstd/1")
     std::vector<std::int64_t> strides;    ///< kRaw: element strides; empty means C-contiguous
     std::int64_t storage_offset;          ///< kRaw: first element, in elements from `offset` (0 when not given)
     std::uint32_t crc32;                  ///< kRaw in a torch.save file: the storage record's recorded CRC-32 (0: none)
   };
-  /// A shared, immutable Layout, its count in its own block: 8 bytes where a std::shared_ptr
-  /// takes 16 (NOTE [Compact chunks]: a chunk is 80 bytes with it, 88 with a shared_ptr).
+  /// A shared, immutable Layout with its count in its own block: one pointer wide, where a
+  /// std::shared_ptr is two (NOTE [Compact chunks]).
   class LayoutPtr {
    public:
     LayoutPtr() noexcept = default;
@@ -97,8 +97,8 @@ struct ChunkLocation {
   static inline const Layout kNone{};
 };
 
-/// A ChunkLocation or none: std::optional's interface in ChunkLocation's own 32 bytes, "none"
-/// being an encoding no location has (NOTE [Compact chunks]: std::optional added 8 to each chunk).
+/// A ChunkLocation or none: std::optional's interface in ChunkLocation's own size, "none" being
+/// an encoding no location has (NOTE [Compact chunks]).
 class OptionalLocation {
  public:
   OptionalLocation() noexcept { reset(); }
@@ -142,7 +142,6 @@ struct Chunk {
   Dims sizes;
   OptionalLocation location;  ///< none: the metadata gives no storage for it
 };
-static_assert(sizeof(ChunkLocation) == 32 && sizeof(Chunk) == 80);
 
 struct TensorEntry {
   std::string name;  ///< FQN (DCP), key path joined with '.' (torch.save), tensor name (safetensors)
@@ -155,14 +154,16 @@ struct TensorEntry {
   std::uint64_t nbytes() const noexcept { return numel() * element_size(dtype); }
 };
 
-/// A non-tensor value: `value` when it is known (torch.save leaves, meta.pt), `item` when it is a
-/// DCP bytes item still to be read (its bytes are a torch.save archive).
+/// A non-tensor value: `value` when it is known (torch.save leaves, meta.pt), `item` when it is an
+/// item still to be read through Checkpoint::items (a DCP bytes item).
 struct ObjectEntry {
   std::string name;
   std::size_t position = 0;  ///< as TensorEntry::position
   pickle::ValuePtr value;
   OptionalLocation item;
 };
+
+class ItemDecoder;  // index/item_decoder.hpp: what a format's driver gives for its items
 
 struct Checkpoint {
   Format format = Format::kUnknown;
@@ -183,26 +184,12 @@ struct Checkpoint {
   /// the same for each leaf reached through dicts and lists (TorchSaveFile::key_paths), so that
   /// merge rebuilds the nesting.
   KeyPaths planner_data;
+  /// How this checkpoint's items (ChunkEncoding::kItem, ObjectEntry::item) are read; set by the
+  /// driver that opened it, null for formats without items.
+  std::shared_ptr<const ItemDecoder> items;
 
   const TensorEntry* find_tensor(std::string_view name) const noexcept;
 };
-
-/// Opens any supported checkpoint, detecting the format from content. With MetaTrees::kKeep the
-/// parsed .metadata tree (or a torch.save file's pickle tree) is kept in meta_trees (for --meta);
-/// by default it is dropped after reading, since for large checkpoints it is far bigger than the
-/// index. Throws ckpt::Error.
-Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
-Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
-Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);
-/// A Hugging Face `model.safetensors.index.json`: its shards (file names inside the index's
-/// directory) read as one checkpoint; a tensor the weight_map names must be in the shard it names.
-Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path);
-
-struct TorchSaveFile;
-struct TorchTensor;
-/// The entry of tensor `t` of torch.save file `f`, whose bytes are file `file` of a checkpoint:
-/// one raw chunk over its storage record, its view (offset, strides) kept. No bytes are read.
-TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t, std::size_t file);
 
 /// A chunk's elements, resolved: the bytes that hold them and their layout.
 struct ChunkData {
@@ -222,26 +209,29 @@ struct ChunkData {
 /// an item and let it go: verify, diff, stats).
 enum class FileAccess { kMap, kRead, kReadSmallItemsWhole };
 
-/// The most bytes a DCP bytes item may decode to (a zstd frame that expands past it is refused):
+/// The most bytes an object item may decode to (a zstd frame that expands past it is refused):
 /// far more than any optimizer's param_groups or RNG state, far less than the machine's memory.
 constexpr std::uint64_t kMaxObjectItem = std::uint64_t{256} << 20;
 
-/// Reads chunk data and DCP items. Opens each file once, on first use. Thread-safe.
+/// Reads chunk data and items. Opens each file once, on first use. Thread-safe.
 class ChunkReader {
  public:
   explicit ChunkReader(const Checkpoint& checkpoint, FileAccess access = FileAccess::kMap);
   /// Throws kFormat/kMismatch naming the file and offset when an item does not decode or does not
   /// agree with the metadata (dtype, shape), kIo when a file cannot be opened.
   ChunkData read(const TensorEntry& tensor, const Chunk& chunk) const;
-  /// The bytes at `location`, transforms undone (zstd decoded in a stream, bounded by
-  /// `max_decoded` bytes; read() bounds a tensor item by its chunk's bytes plus 1 MiB).
+  /// The bytes at `location`, its format's transforms undone (decoding at most `max_decoded`
+  /// bytes; read() bounds a tensor item by its chunk's bytes plus 1 MiB).
   SourcePtr item(const ChunkLocation& location, std::uint64_t max_decoded = kMaxObjectItem) const;
-  /// The value a DCP bytes item holds (a torch.save archive), or the entry's known value.
+  /// The value an object item holds, or the entry's known value.
   pickle::ValuePtr object_value(const ObjectEntry& entry) const;
+  /// Checks every checksum an item at `location` records over its bytes (nothing for kRaw).
+  void check_checksums(const ChunkLocation& location) const;
   SourcePtr file(std::size_t index) const;
   const Checkpoint& checkpoint() const noexcept { return checkpoint_; }
 
  private:
+  const ItemDecoder& decoder() const;
   const Checkpoint& checkpoint_;
   FileAccess access_;
   mutable std::mutex mutex_;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The one dtype table: torch dtype names, legacy storage class names, safetensors strings and
-// element sizes, for every dtype torch 2.x defines (spec/FORMATS.md §2.6, §4.3).
+// element sizes, for every dtype torch 2.x defines (docs/formats/torch_save.md#tensors-and-storages, docs/formats/safetensors.md#dtypes).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // A lossless tree of Python pickle values, the restricted unpickler that builds it and the pickler
-// that writes it back (spec/FORMATS.md §1, §6.4).
+// that writes it back (docs/formats/pickle.md).
 //
 // Grammar of what we read (opcode byte, operands little-endian unless noted):
 //   pickle   := [PROTO u1] op* STOP          (exactly one STOP, at the end)
@@ -57,7 +57,7 @@ enum class GlobalKind : std::uint8_t {
   kTensorClass, kParameterClass, kLegacyTensorClass,
   kRebuildTensor, kRebuildTensorV2, kRebuildTensorV3, kRebuildParameter, kRebuildParameterWithState,
   kRebuildQTensor, kRebuildFromTypeV2, kRebuildOther,
-  // torch.distributed.checkpoint (every module path of spec/FORMATS.md §3.3.4)
+  // torch.distributed.checkpoint (every module path of docs/formats/dcp.md#class-paths)
   kDcpMetadata, kDcpTensorStorageMetadata, kDcpChunkStorageMetadata, kDcpBytesStorageMetadata,
   kDcpTensorProperties, kDcpMemoryFormat, kDcpStorageMeta, kDcpMetadataIndex, kDcpStorageInfo,
 };

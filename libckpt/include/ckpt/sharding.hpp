@@ -3,9 +3,11 @@
 // of its tensor. Shared by the DCP writer's checks, verify, and (later) merge and reshard plans.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ckpt/dims.hpp"
@@ -72,6 +74,29 @@ void tiling_problems(std::span<const std::int64_t> shape, const Chunks& chunks, 
   }
   const bool ok = shape.empty() ? chunks.size() == 1 : (volume == numel && (numel == 0 || !chunks.empty()));
   if (!ok) coverage(volume, numel);
+}
+
+/// The torch.chunk rule (docs/formats/sharding.md, "FSDP's flat split"): the [begin, begin + size)
+/// pieces of a dimension of `length` split `world` ways; fewer than `world` when they run out.
+inline std::vector<std::pair<std::int64_t, std::int64_t>> chunk_pieces(std::int64_t length, int world) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  if (length == 0) {
+    for (int r = 0; r < world; ++r) out.emplace_back(0, 0);
+    return out;
+  }
+  const std::int64_t c = (length + world - 1) / world;
+  for (std::int64_t begin = 0; begin < length; begin += c) out.emplace_back(begin, std::min(c, length - begin));
+  return out;
+}
+
+/// DTensor Shard(0) (docs/formats/sharding.md, "DTensor's Shard(0)"): rank `rank`'s
+/// [begin, begin + size), empty at `length` past the end.
+inline std::pair<std::int64_t, std::int64_t> dtensor_piece(std::int64_t length, int world, int rank) {
+  if (length % world == 0) return {rank * (length / world), length / world};
+  const std::int64_t c = (length + world - 1) / world;
+  const std::int64_t start = rank * c;
+  if (start >= length) return {length, 0};
+  return {start, std::min(length, start + c) - start};
 }
 
 }  // namespace ckpt

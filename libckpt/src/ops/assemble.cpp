@@ -6,7 +6,7 @@
 
 #include "ckpt/cast.hpp"
 #include "ckpt/error.hpp"
-#include "ops/text.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt::detail {
 namespace {
@@ -95,7 +95,7 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
   std::vector<Piece> pieces;
   std::vector<Box> boxes;
   for (const Chunk& c : t.chunks) {
-    if (box_volume(c.sizes) == 0) continue;  // zero-size chunks hold nothing (FORMATS.md §5)
+    if (box_volume(c.sizes) == 0) continue;  // zero-size chunks hold nothing (docs/formats/sharding.md#zero-size-chunks)
     std::optional<Box> o = dest.sizes.empty() ? std::optional<Box>(Box{}) : intersect(c.offsets, c.sizes, dest.offsets, dest.sizes);
     if (!o) continue;
     if (!c.location) {

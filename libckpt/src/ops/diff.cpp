@@ -10,10 +10,12 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/formats/torch_save.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/ops/inspect.hpp"
-#include "ckpt/torch_save.hpp"
+#include "ckpt/text.hpp"
 #include "ops/elements.hpp"
-#include "ops/text.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt {
 namespace {

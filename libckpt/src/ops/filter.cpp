@@ -4,7 +4,7 @@
 #include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
-#include "ops/text.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt {
 

@@ -18,15 +18,15 @@
 #include "ckpt/cast.hpp"
 #include "ckpt/copy.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/formats/hdf5.hpp"
+#include "ckpt/formats/safetensors.hpp"
+#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/ops/validate.hpp"
-#include "ckpt/hdf5.hpp"
-#include "ckpt/safetensors.hpp"
-#include "ckpt/torch_save.hpp"
-#include "formats/archive_plan.hpp"
-#include "ops/assemble.hpp"
+#include "formats/torch_save/archive_plan.hpp"
 #include "io/outputs.hpp"
-#include "ops/text.hpp"
 #include "open_index.hpp"
+#include "ops/assemble.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt {
 namespace {
@@ -45,8 +45,8 @@ struct Key {
   std::string display() const { return is_int ? std::to_string(index) : std::string(text); }
 };
 
-// A Key as the output tree keeps it, in 16 bytes where a Key takes 32 (there is one per node of
-// the output: 100,000 of them in a state dict of 100,000 tensors).
+// A Key as the output tree keeps it, in half a Key's size: there is one per node of the output,
+// which has a node per entry.
 class PackedKey {
  public:
   explicit PackedKey(const Key& k) {
@@ -71,8 +71,8 @@ class PackedKey {
 };
 static_assert(sizeof(PackedKey) == 16);
 
-// One entry to write, 40 bytes. Its key path is made when it is asked for (Merger::path): kept,
-// the paths of 100,000 leaves held 6 MB; the value of an object is kept beside (Merger::values_).
+// One entry to write, kept small because there is one per entry. Its key path is made when it is
+// asked for (Merger::path), never kept; the value of an object is kept beside (Merger::values_).
 struct Leaf {
   enum Kind : std::uint8_t { kTensor, kObject, kMeta } kind = kTensor;
   bool flat = false;     ///< its path is its name alone (a torch.save input whose leaves are not all keyed)
@@ -85,7 +85,7 @@ struct Leaf {
 };
 static_assert(sizeof(Leaf) <= 40);
 
-// Where a storage of the output comes from, in 16 bytes (there is one per tensor).
+// Where a storage of the output comes from (there is one per tensor, so it stays two words).
 struct StorageSource {
   const TensorEntry* tensor = nullptr;  // assembled from its chunks, as `out`
   DType out{};
@@ -93,10 +93,9 @@ struct StorageSource {
 };
 static_assert(sizeof(StorageSource) <= 16);
 
-// The nested output, built with torch's _traverse.set_element rules. A node is 24 bytes and holds
-// its children, when it has any, out of line: a state dict of 100,000 tensors is 100,000 leaves
-// (as nodes that each held an empty dict, list and hash map, and a hash key string, they cost
-// 300 bytes apiece).
+// The nested output, built with torch's _traverse.set_element rules. A node holds its children,
+// when it has any, out of line: nearly every node is a leaf, and a leaf should cost its key and
+// a pointer, not an empty dict, list and hash map.
 struct Node {
   enum Kind : std::uint8_t { kNone, kDict, kList, kLeaf } kind = kNone;
   const Leaf* leaf = nullptr;
@@ -534,7 +533,7 @@ class Merger {
     if (archive.empty()) archive = "archive";
     const std::uint64_t pkl_at = detail::ArchivePlan::first_data_offset(archive, "data.pkl");
     std::uint64_t pkl_end = pkl_at;
-    // The pickler hands data.pkl over a batch of entries at a time (about 100 KB a thousand tensors).
+    // The pickler hands data.pkl over a batch of entries at a time, never the whole pickle.
     TorchSaveRecords records =
         plan_torch_save_streamed(*tree, streamed, builder_.shared_nodes(), {archive, TorchSaveLayout::kCurrent}, output_.string(),
                                  [&](std::span<const std::byte> b) {

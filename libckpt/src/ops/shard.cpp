@@ -15,35 +15,16 @@
 
 #include "ckpt/cast.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/ops/validate.hpp"
 #include "ckpt/sharding.hpp"
-#include "ckpt/torch_save.hpp"
-#include "formats/dcp_write.hpp"
+#include "formats/dcp/write_plan.hpp"
+#include "io/outputs.hpp"
 #include "memory.hpp"
 #include "ops/assemble.hpp"
-#include "io/outputs.hpp"
-#include "ops/text.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt {
-
-std::vector<std::pair<std::int64_t, std::int64_t>> chunk_pieces(std::int64_t length, int world) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> out;
-  if (length == 0) {
-    for (int r = 0; r < world; ++r) out.emplace_back(0, 0);
-    return out;
-  }
-  const std::int64_t c = (length + world - 1) / world;
-  for (std::int64_t begin = 0; begin < length; begin += c) out.emplace_back(begin, std::min(c, length - begin));
-  return out;
-}
-
-std::pair<std::int64_t, std::int64_t> dtensor_piece(std::int64_t length, int world, int rank) {
-  if (length % world == 0) return {rank * (length / world), length / world};
-  const std::int64_t c = (length + world - 1) / world;
-  const std::int64_t start = rank * c;
-  if (start >= length) return {length, 0};
-  return {start, std::min(length, start + c) - start};
-}
 
 namespace {
 
@@ -98,7 +79,7 @@ class Sharder {
   }
 
   // The entry's planner_data path, unless the plan shares the input's, or it is (fqn,), which is
-  // what .metadata gives an FQN without one (100,000 of those held about 20 MB).
+  // what .metadata gives an FQN without one: one of those per entry would grow with the index.
   void keep_path(std::string_view fqn, std::vector<ValuePtr> path) {
     if (plan_.shared_paths) return;
     if (path.size() == 1 && path[0]->str() && *path[0]->str() == fqn) return;
@@ -214,7 +195,7 @@ class Sharder {
     };
   }
 
-  // DCP's flattening of a torch.save object (torch >= 2.4, spec/FORMATS.md §3.6).
+  // DCP's flattening of a torch.save object (torch >= 2.4, docs/formats/dcp.md#flattening-and-planner-data).
   void collect_torch_save() {
     file_ = std::make_unique<TorchSaveFile>(read_torch_save(open_mmap(c_.root)));
     for (const TorchTensor& t : file_->tensors) tensor_of_.emplace(t.node.get(), &t);
@@ -301,7 +282,7 @@ class Sharder {
   // last piece each hold the empty piece at row n, one item that DCP deduplicates. So piece k
   // first appears in rank k's plan, and its holders are a range of ranks: {k}, or [k, world) for
   // the empty piece; a replicated tensor or a bytes item is one item held by every rank. Holders
-  // follow from a chunk's place and are never kept (a list of them held 16 MB at 100,000 tensors).
+  // follow from a chunk's place and are never kept: a list of them would grow with every chunk.
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces(const detail::DcpPlanTensor& t) const {  // (first row, rows)
     if (o_.layout == ShardLayout::kFsdp) return chunk_pieces(t.shape[0], o_.world_size);
     std::vector<std::pair<std::int64_t, std::int64_t>> out;
@@ -312,7 +293,7 @@ class Sharder {
     return out;
   }
 
-  // DCP's deduplication (spec/FORMATS.md §3.7.3): items in order of first appearance (rank 0's
+  // DCP's deduplication (docs/formats/dcp.md#deduplication): items in order of first appearance (rank 0's
   // plan, then new items of rank 1, ...); each goes to the holder with the fewest planned bytes,
   // ties to the lowest rank; the owner's total grows by the item's bytes (1 for a bytes item).
   // Each tensor's pieces become its chunks in the plan's table first, and get their ranks here.

@@ -11,9 +11,11 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/ops/inspect.hpp"
+#include "ckpt/text.hpp"
 #include "ops/elements.hpp"
-#include "ops/text.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt {
 namespace {

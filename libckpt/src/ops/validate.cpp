@@ -8,7 +8,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/sharding.hpp"
-#include "ops/text.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt {
 namespace {

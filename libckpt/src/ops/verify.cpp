@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// verify: every check a reader can make, every problem reported (spec/FORMATS.md §6.2).
+// verify: every check a reader can make, every problem reported (docs/formats/dcp.md#checks).
 #include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/formats/torch_save.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/ops/validate.hpp"
 #include "ckpt/sharding.hpp"
-#include "ckpt/torch_save.hpp"
-#include "ops/text.hpp"
+#include "ckpt/text.hpp"
+#include "text_helpers.hpp"
 #include "zip/zip_reader.hpp"
 
 namespace ckpt {
@@ -92,11 +94,10 @@ class Verifier {
     });
   }
 
-  // Reads every byte of the item: the zip members' CRCs (0 = not recorded) and the tensor data.
+  // Reads every byte of the item: the checksums its format records, or the tensor data.
   void deep_item(const ChunkLocation& loc, const std::optional<ChunkData>& data) {
-    if (loc.encoding == ChunkEncoding::kTorchSaveItem) {
-      detail::ZipReader zip(reader_.item(loc));
-      for (const auto& e : zip.entries()) zip.verify_crc(e);
+    if (loc.encoding == ChunkEncoding::kItem) {
+      reader_.check_checksums(loc);
     } else if (data) {
       stream_range(*data->storage, 0, data->storage->size(), [](std::span<const std::byte>) {});
     }

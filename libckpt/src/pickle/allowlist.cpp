@@ -3,8 +3,8 @@
 // The only list of globals libckpt understands. A pickle may name any global; the unpickler
 // records it and this table says what it means. Globals not listed stay kOpaque: shown by name,
 // written back unchanged, refused wherever a value must be understood (a tensor rebuild, a DCP
-// class), and never resolved or called. The entries follow spec/FORMATS.md §2.9 (what
-// torch.load(weights_only=True) accepts) and §3.3.4 (every module path DCP classes have had).
+// class), and never resolved or called. The entries follow docs/formats/torch_save.md#weights-only-globals (what
+// torch.load(weights_only=True) accepts) and docs/formats/dcp.md#class-paths (every module path DCP classes have had).
 #include <algorithm>
 #include <array>
 #include <string_view>

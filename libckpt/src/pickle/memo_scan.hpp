@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the restricted unpickler (unpickler.cpp) and the direct .metadata reader
-// (formats/dcp_direct.cpp) share: the first pass that finds the memo entries a GET uses, the
+// (formats/dcp/metadata_direct.cpp) share: the first pass that finds the memo entries a GET uses, the
 // UTF-8 check CPython's decoder makes, and LONG1/LONG4 decoding.
 #pragma once
 
@@ -19,7 +19,7 @@
 namespace ckpt::pickle {
 
 // Runs of opcodes without operands that CPython's pickler writes for every dataclass object and
-// every torch.Size, most of a large .metadata (NOTE [A chunk at a glance], formats/dcp_direct.cpp):
+// every torch.Size, most of a large .metadata (NOTE [A chunk at a glance], formats/dcp/metadata_direct.cpp):
 // after the GET of a class, EMPTY_TUPLE NEWOBJ MEMOIZE EMPTY_DICT MEMOIZE MARK; after a
 // TUPLE1/2/3 of ints, MEMOIZE TUPLE1 MEMOIZE REDUCE MEMOIZE; SETITEMS BUILD to end the object.
 inline constexpr std::uint8_t kObjectHead[] = {op::kEmptyTuple, op::kNewObj, op::kMemoize, op::kEmptyDict, op::kMemoize, op::kMark};

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Pickle opcode bytes (spec/FORMATS.md §1.2), shared by the unpickler and the pickler.
+// Pickle opcode bytes (docs/formats/pickle.md#opcodes), shared by the unpickler and the pickler.
 #pragma once
 
 #include <cstdint>

@@ -384,7 +384,7 @@ class Unpickler {
     }
     char hex[8];
     std::snprintf(hex, sizeof hex, "0x%02x", code);
-    fail(std::string("opcode ") + hex + " is not supported (only the opcodes of spec/FORMATS.md §1.2 are read)",
+    fail(std::string("opcode ") + hex + " is not supported (docs/formats/pickle.md#opcodes lists those read)",
          ErrorKind::kUnsupported);
   }
 

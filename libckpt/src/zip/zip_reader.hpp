@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reader for the zip container of torch.save (spec/FORMATS.md §2.1–2.4, §2.10; PKWARE APPNOTE
-// 6.3.x §4.3). Layout, little-endian:
+// Reader for the zip container of torch.save (docs/formats/torch_save.md#container, #member-layout; PKWARE APPNOTE
+// 6.3.x section 4.3). Layout, little-endian:
 //   [local header 30+n+e][data][descriptor]...  central directory  [zip64 EOCD 56][zip64 locator 20]
 //   EOCD 22+comment
 // We locate the EOCD by scanning back at most 65,557 bytes, follow the zip64 locator when one

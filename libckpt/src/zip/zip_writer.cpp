@@ -45,7 +45,7 @@ std::vector<std::byte> ZipLayout::add(std::string_view record, std::uint64_t siz
   if (name.size() > 0xffff) throw Error(ErrorKind::kInvalidArgument, name.substr(0, 64) + "...", std::nullopt, "record name longer than 65535 bytes");
   const std::uint64_t cursor = end_;
   const bool big_size = size >= kMax32, big_offset = cursor >= kMax32;
-  // See spec/FORMATS.md §2.3 for the padding rule (miniz's mz_zip_writer_add_mem_ex_v2 + PyTorch's
+  // See docs/formats/torch_save.md#member-layout for the padding rule (miniz's mz_zip_writer_add_mem_ex_v2 + PyTorch's
   // getPadding): the zip64 part is counted before the FB field.
   std::uint64_t start = cursor + 30 + name.size() + 4;
   const std::uint64_t zip64_len = zip64_extra(big_size, big_offset);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writer for the zip container of torch.save, laid out byte for byte as PyTorch's miniz-based
-// PyTorchStreamWriter does (spec/FORMATS.md §2.3): stored members, flags 0x0808 with a data
+// PyTorchStreamWriter does (docs/formats/torch_save.md#member-layout): stored members, flags 0x0808 with a data
 // descriptor, zero times, an `FB` extra field padding each payload to a multiple of the alignment
 // (64), zip64 extras only where a size or offset reaches 0xFFFFFFFF, and always the zip64 end
 // records.
@@ -31,7 +31,7 @@ class ZipLayout {
   };
 
   /// kLast: members() holds only the last member added, for a caller that needs the offsets and
-  /// sizes but not the central directory (a torch output of 100,000 storages: 9 MB of members).
+  /// sizes but not the central directory (merge's output, a member per tensor).
   enum class Members { kAll, kLast };
   /// Members are named `<archive_name>/<record>`; the archive starts at offset `start`.
   explicit ZipLayout(std::string archive_name, std::uint64_t alignment = 64, std::uint64_t start = 0, Members keep = Members::kAll);

@@ -30,7 +30,7 @@ struct SaveOptions {
 };
 
 /// Saves `model`'s sharded state dict as a DCP directory laid out as PyTorch FSDP's
-/// SHARDED_STATE_DICT and dcp.save lay it out (spec/FORMATS.md §5.2): every original parameter
+/// SHARDED_STATE_DICT and dcp.save lay it out (docs/formats/sharding.md#fsdp-sharded-state-dict): every original parameter
 /// chunked on dim 0 by torch.chunk's rule, rank r writing piece r into __r_0.distcp (ranks past
 /// the last piece write nothing for it), FQNs `<key>.<parameter>` with planner_data
 /// (key, parameter). An existing .metadata is removed first; every rank writes its file, and after

@@ -283,7 +283,7 @@ class FullyShardedSequential {
   /// Whether a unit's reduce-scatter in backward runs on the backend's threads while backward goes
   /// on (NOTE [Gradients reduced in backward]) or is waited for at once. The default: on with
   /// NCCL, where the GPU computes beside it; off with Gloo, whose reduction takes the very cores
-  /// backward computes on (overlapped, a step was 7-27% slower in an A/B at 2 ranks on 2 cores).
+  /// backward computes on, so overlapping there slows the step (bench/train measures both).
   /// The arithmetic is the same either way.
   void set_overlap_reduction(bool on) noexcept;
   bool overlap_reduction() const noexcept;

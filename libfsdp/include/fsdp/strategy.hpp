@@ -83,9 +83,8 @@ std::vector<std::string> registered_strategies();
 /// LibTorch computes through OpenBLAS, which torch's setting does not reach (LibTorch sets
 /// OpenMP's and MKL's only). An OpenBLAS built with pthreads (Debian's libopenblas0-pthread) keeps
 /// a pool as large as the machine in every process, so local ranks each given their share of the
-/// cores would still spin that many BLAS threads each: at 2 ranks on 2 cores the 3.2M-parameter
-/// GPT's step took 2 to 3 times as long (394-589 ms against 177-191). Returns whether OpenBLAS was
-/// found and set.
+/// cores would still spin that many BLAS threads each and oversubscribe the machine (bench/train
+/// shows the cost). Returns whether OpenBLAS was found and set.
 bool set_num_threads(int threads);
 
 /// One object of a checkpoint's state: the model set up by the strategy, its optimizer, or any

@@ -5,6 +5,6 @@ cp -r "$FSDP_TESTDATA_DIR/dcp/torch113_4rank" b
 "$FSDP_CKPT_INSPECT" diff a b || exit 1
 cp "$FSDP_TESTDATA_DIR/torch_save/tiny_state_dict.pt" x.pt
 cp x.pt y.pt
-# model.w is float32 arange(6) in data/0 at byte 704 (spec/FORMATS.md §2.8.1); make w[1] = 3.0
+# model.w is float32 arange(6) in data/0 at byte 704 (its zip member's data offset, `unzip -lv`); make w[1] = 3.0
 printf '\x00\x00\x40\x40' | dd of=y.pt bs=1 seek=708 conv=notrunc status=none
 "$FSDP_CKPT_INSPECT" diff --atol 0.5 x.pt y.pt

@@ -7,11 +7,13 @@
 #include <thread>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/dcp.hpp"
 #include "ckpt/format.hpp"
+#include "ckpt/formats/dcp.hpp"
+#include "ckpt/formats/torch_save.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/ops/inspect.hpp"
-#include "ckpt/torch_save.hpp"
-#include "formats/dcp_metadata.hpp"
+#include "ckpt/text.hpp"
+#include "formats/dcp/metadata.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
 
@@ -388,7 +390,7 @@ TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
          field(std::get<pk::List>(chunks->payload).items[1], "sizes") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce,
              pk::make_tuple({pk::make_tuple({pk::make_int(9), pk::make_int(3)})}));
        },
-       "chunk of 'model.w' spans [3, 12) in dimension 0, past the tensor's size 5"},  // named, though read early (dcp.cpp on_built)
+       "chunk of 'model.w' spans [3, 12) in dimension 0, past the tensor's size 5"},  // named, though read early (metadata_tree.cpp on_built)
       {"chunk rank", [](auto& root) {
          auto& chunks = field(first_value(field(root, "state_dict_metadata")), "chunks");
          field(std::get<pk::List>(chunks->payload).items[0], "offsets") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce,

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <catch2/catch.hpp>
 
-#include "ckpt/safetensors.hpp"
+#include "ckpt/formats/safetensors.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
 

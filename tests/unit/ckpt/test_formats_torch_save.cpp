@@ -3,7 +3,8 @@
 #include <cstring>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/torch_save.hpp"
+#include "ckpt/formats/torch_save.hpp"
+#include "ckpt/open.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
 #include "zip/crc32.hpp"

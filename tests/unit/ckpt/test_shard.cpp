@@ -3,10 +3,11 @@
 #include <filesystem>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/dcp.hpp"
+#include "ckpt/formats/dcp.hpp"
+#include "ckpt/open.hpp"
 #include "ckpt/ops/merge.hpp"
 #include "ckpt/ops/shard.hpp"
-#include "formats/dcp_write.hpp"
+#include "formats/dcp/write_plan.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
 
@@ -14,29 +15,6 @@ using namespace fsdp_test;
 using ckpt::DType;
 using ckpt::ErrorKind;
 namespace pk = ckpt::pickle;
-using Pieces = std::vector<std::pair<std::int64_t, std::int64_t>>;
-
-TEST_CASE("torch.chunk's rule (spec/FORMATS.md §5.1 table, verified on torch 1.13)", "[ckpt][shard]") {
-  CHECK(ckpt::chunk_pieces(10, 4) == Pieces{{0, 3}, {3, 3}, {6, 3}, {9, 1}});
-  CHECK(ckpt::chunk_pieces(6, 4) == Pieces{{0, 2}, {2, 2}, {4, 2}});  // only 3 pieces
-  CHECK(ckpt::chunk_pieces(5, 8) == Pieces{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}});
-  CHECK(ckpt::chunk_pieces(8, 4) == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
-  CHECK(ckpt::chunk_pieces(7, 3) == Pieces{{0, 3}, {3, 3}, {6, 1}});
-  CHECK(ckpt::chunk_pieces(1, 4) == Pieces{{0, 1}});
-  CHECK(ckpt::chunk_pieces(0, 4) == Pieces{{0, 0}, {0, 0}, {0, 0}, {0, 0}});
-}
-
-TEST_CASE("DTensor Shard(0) pieces (§5.3): every rank, empty at the end", "[ckpt][shard]") {
-  Pieces six_on_four, two_on_four, eight_on_four;
-  for (int r = 0; r < 4; ++r) {
-    six_on_four.push_back(ckpt::dtensor_piece(6, 4, r));
-    two_on_four.push_back(ckpt::dtensor_piece(2, 4, r));
-    eight_on_four.push_back(ckpt::dtensor_piece(8, 4, r));
-  }
-  CHECK(six_on_four == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 0}});
-  CHECK(two_on_four == Pieces{{0, 1}, {1, 1}, {2, 0}, {2, 0}});
-  CHECK(eight_on_four == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
-}
 
 TEST_CASE("DCP file plan: K files per rank split as DCP's thread_count does", "[ckpt][shard]") {
   ckpt::detail::DcpPlan plan;

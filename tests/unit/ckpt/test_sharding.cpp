@@ -4,6 +4,7 @@
 #include "ckpt/sharding.hpp"
 
 using D = ckpt::Dims;  // the box functions take spans, which braced lists do not make in C++20
+using Pieces = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
 TEST_CASE("box arithmetic", "[ckpt][sharding]") {
   CHECK(ckpt::box_volume(D{}) == 1);
@@ -75,4 +76,26 @@ TEST_CASE("Dims keeps two values inline and more on the heap", "[ckpt][sharding]
   CHECK_FALSE(D{2} < D{1, 9});
   std::vector<std::int64_t> as_vector = D{3, 4};
   CHECK(as_vector == std::vector<std::int64_t>{3, 4});
+}
+
+TEST_CASE("torch.chunk's rule (docs/formats/sharding.md#torchchunk-rule table, verified on torch 1.13)", "[ckpt][shard]") {
+  CHECK(ckpt::chunk_pieces(10, 4) == Pieces{{0, 3}, {3, 3}, {6, 3}, {9, 1}});
+  CHECK(ckpt::chunk_pieces(6, 4) == Pieces{{0, 2}, {2, 2}, {4, 2}});  // only 3 pieces
+  CHECK(ckpt::chunk_pieces(5, 8) == Pieces{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}});
+  CHECK(ckpt::chunk_pieces(8, 4) == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
+  CHECK(ckpt::chunk_pieces(7, 3) == Pieces{{0, 3}, {3, 3}, {6, 1}});
+  CHECK(ckpt::chunk_pieces(1, 4) == Pieces{{0, 1}});
+  CHECK(ckpt::chunk_pieces(0, 4) == Pieces{{0, 0}, {0, 0}, {0, 0}, {0, 0}});
+}
+
+TEST_CASE("DTensor Shard(0) pieces (docs/formats/sharding.md#dtensor-shard0): every rank, empty at the end", "[ckpt][shard]") {
+  Pieces six_on_four, two_on_four, eight_on_four;
+  for (int r = 0; r < 4; ++r) {
+    six_on_four.push_back(ckpt::dtensor_piece(6, 4, r));
+    two_on_four.push_back(ckpt::dtensor_piece(2, 4, r));
+    eight_on_four.push_back(ckpt::dtensor_piece(8, 4, r));
+  }
+  CHECK(six_on_four == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 0}});
+  CHECK(two_on_four == Pieces{{0, 1}, {1, 1}, {2, 0}, {2, 0}});
+  CHECK(eight_on_four == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
 }

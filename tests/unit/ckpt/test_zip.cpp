@@ -152,7 +152,7 @@ TEST_CASE("zip64: a member of 4 GiB + 5 at offset 540 gets miniz's extra field, 
     SparseSink sink(path);
     ZipWriter w(sink, "archive");
     // data.pkl of 460 bytes puts the next local header at 64 + 460 + 16 = 540, as in the spec's
-    // [verified-1.13] experiment (spec/FORMATS.md §2.3).
+    // [verified-1.13] experiment (docs/formats/torch_save.md#member-layout).
     w.add("data.pkl", std::vector<std::byte>(460, std::byte{'p'}));
     REQUIRE(sink.offset() == 540);
     ZeroSource zeros(big);

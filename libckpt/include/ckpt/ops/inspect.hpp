@@ -110,8 +110,5 @@ struct DiffOptions {
 /// tolerance. Throws kInvalidArgument when the selection selects nothing.
 bool diff(const DiffOptions& options, std::ostream& out, Progress& progress = no_progress());
 
-/// `name` with control characters, backslashes and bytes that are not UTF-8 escaped (\n, \x1b,
-/// \\, \xa9), so that a hostile name cannot move the cursor, forge lines or garble the output.
-std::string escape_name(std::string_view name);
 
 }  // namespace ckpt

@@ -3,12 +3,12 @@
 // engine (ckpt/copy.hpp): the output is laid out from metadata, then every chunk is copied into
 // its final offset in parallel, in memory bounded by the tasks in flight.
 //
-// torch output holds what PyTorch's dcp_to_torch_save produces (spec/FORMATS.md §3.10): entries
+// torch output holds what PyTorch's dcp_to_torch_save produces (docs/formats/dcp.md#dcp_to_torch_save): entries
 // nested by planner_data with torch's set_element rules (a str key makes a dict, an int key a list
 // padded with None), plain dicts and lists, full contiguous CPU tensors, bytes items unpickled into
 // their values (tensors inside them included); for a Lightning folder the top-level keys of meta.pt
 // are then merged in, replacing entries of the same key, as Lightning's consolidate_checkpoint does.
-// safetensors and HDF5 output (ckpt/hdf5.hpp) hold tensors only.
+// safetensors and HDF5 output (ckpt/formats/hdf5.hpp) hold tensors only.
 #pragma once
 
 #include <cstdint>

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // shard: any checkpoint (a torch.save full file, safetensors or an index, a DCP or Lightning
 // directory of any world size) into a DCP directory for `world_size` ranks, laid out as FSDP
-// writes it (spec/FORMATS.md §5), through the copy engine: each output chunk is copied from the
+// writes it (docs/formats/sharding.md), through the copy engine: each output chunk is copied from the
 // input chunks that overlap it, range by range, never assembling a whole tensor.
 //
 // What goes where:
 // - DCP input: every entry keeps its FQN and planner_data; bytes items are copied as they are;
 //   meta.pt, common.pt and metadata.json are carried over byte for byte (meta.pt is rewritten
 //   only when filters drop some of its keys).
-// - torch.save input: flattened by DCP's rules (torch >= 2.4, §3.6): mappings are descended
+// - torch.save input: flattened by DCP's rules (torch >= 2.4, docs/formats/dcp.md#flattening-and-planner-data): mappings are descended
 //   into, lists only when they hold a tensor or a mapping, everything else is a leaf; planner_data
 //   records each path. A Lightning full checkpoint (a top-level dict whose "model" is a mapping)
 //   is split as Lightning's sharded save splits it: "model" and every optimizer state dict (a
@@ -20,7 +20,7 @@
 // Geometry: kFsdp chunks dim 0 by torch.chunk's rule (FSDP1's sharded state dict: ranks past the
 // last piece write nothing for that tensor); kDtensor as DTensor Shard(0) (every rank, empty
 // shards at offset dim-0 size). 0-d tensors, tensors matched by `replicate` and non-tensor
-// entries are written once, by the rank DCP's deduplication picks (§3.7.3). Optimizer moments
+// entries are written once, by the rank DCP's deduplication picks (docs/formats/dcp.md#deduplication). Optimizer moments
 // have their parameter's shape, so they are chunked exactly like it.
 //
 // Several processes (RANK/WORLD_SIZE from a launcher, over a shared file system) can run the same
@@ -40,7 +40,7 @@
 #include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/copy.hpp"
-#include "ckpt/dcp.hpp"
+#include "ckpt/formats/dcp.hpp"
 #include "ckpt/ops/filter.hpp"
 #include "ckpt/progress.hpp"
 
@@ -114,13 +114,8 @@ struct ShardResult {
 /// copying leaves no output.
 ShardResult shard(const Checkpoint& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run = false);
 /// The same for an input not needed afterwards: its chunk lists go once the data files are
-/// written, before `.metadata` is made (at 100,000 tensors they are a third of the input's index).
+/// written, before `.metadata` is made, so the two never stand at once.
 ShardResult shard(Checkpoint&& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run = false);
 
-/// The torch.chunk rule (spec/FORMATS.md §5.1): the [begin, begin + size) pieces of a dimension
-/// of `length` split `world` ways; fewer than `world` when they run out.
-std::vector<std::pair<std::int64_t, std::int64_t>> chunk_pieces(std::int64_t length, int world);
-/// DTensor Shard(0) (§5.3): rank `rank`'s [begin, begin + size), empty at `length` past the end.
-std::pair<std::int64_t, std::int64_t> dtensor_piece(std::int64_t length, int world, int rank);
 
 }  // namespace ckpt

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// ckpt/hdf5.hpp: the HDF5 module (hdf5_module.cpp) loaded on first use. It is looked for at
+// ckpt/formats/hdf5.hpp: the HDF5 module (module.cpp) loaded on first use. It is looked for at
 //   $FSDP_HDF5_MODULE, then where the build put it, then <exe>/../lib/fsdp-tools/ and <exe>/.
-#include "ckpt/hdf5.hpp"
+#include "ckpt/formats/hdf5.hpp"
 
 #include <dlfcn.h>
 #include <poll.h>
@@ -18,7 +18,8 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/test_hooks.hpp"
-#include "formats/hdf5_api.hpp"
+#include "formats/driver.hpp"
+#include "formats/hdf5/api.hpp"
 
 // Present in sanitizer builds only.
 extern "C" void __sanitizer_set_death_callback(void (*callback)()) __attribute__((weak));
@@ -281,4 +282,18 @@ std::vector<std::uint64_t> create_hdf5_layout(const std::filesystem::path& file,
 
 Checkpoint open_hdf5_checkpoint(const std::filesystem::path& file) { return open_in_child(api_for(file), file); }
 
+namespace formats {
+
+const Driver kHdf5Driver{
+    "HDF5",
+    [](const Probe& p) {
+      constexpr std::string_view kSignature("\x89HDF\r\n\x1a\n", 8);
+      const bool hdf5 = !p.directory && p.head.size() >= kSignature.size() &&
+                        std::memcmp(p.head.data(), kSignature.data(), kSignature.size()) == 0;
+      return hdf5 ? Format::kHdf5 : Format::kUnknown;
+    },
+    [](const std::filesystem::path& path, MetaTrees) { return open_hdf5_checkpoint(path); },
+};
+
+}  // namespace formats
 }  // namespace ckpt

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// What both .metadata readers (the tree reader in dcp.cpp and the direct reader in
-// dcp_direct.cpp) do with what they read: entries, chunk locations, files, the writer it looks
+// What both .metadata readers (the tree reader in metadata_tree.cpp and the direct reader in
+// metadata_direct.cpp) do with what they read: entries, chunk locations, files, the writer it looks
 // like. One piece, so that the two readers build the same index from the same file.
 #pragma once
 

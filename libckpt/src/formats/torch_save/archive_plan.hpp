@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/io.hpp"
-#include "ckpt/torch_save.hpp"
 
 namespace ckpt::detail {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "formats/dcp_index.hpp"
+#include "formats/dcp/index_builder.hpp"
 
 #include <functional>
 #include <stdexcept>

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,7 +22,8 @@ void read_dcp_metadata(std::span<const std::byte> bytes, const std::string& sour
 
 /// The two readers read_dcp_metadata chooses from (NOTE [The direct .metadata reader]): the tree
 /// reader, which reads any .metadata and reports every error; and the direct reader, which reads
-/// a well-formed one several times faster and returns false, touching nothing, for anything else.
+/// a well-formed one faster (bench/metadata measures by how much) and returns false, touching
+/// nothing, for anything else.
 void read_dcp_metadata_tree(std::span<const std::byte> bytes, const std::string& source, Checkpoint& checkpoint,
                             MetaTrees trees = MetaTrees::kDrop, const std::function<void(std::uint64_t)>& release = {});
 /// What the direct reader did (tests and ckpt_probe look): chunks read at a glance (NOTE [A chunk
@@ -57,8 +59,11 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
                               const DirectReadOptions& options = {});
 
 /// The rank-local metadata files of `dir` (`__0.metadata`, `__1.metadata`, ...: NOTE [Rank-local
-/// metadata] in dcp.cpp), by rank; empty when there are none. Throws when a rank's file is missing.
+/// metadata] in metadata_tree.cpp), by rank; empty when there are none. Throws when a rank's file is missing.
 std::vector<std::filesystem::path> rank_local_metadata(const std::filesystem::path& dir);
+
+/// How a DCP checkpoint's items are read (formats/dcp/driver.cpp); open_dcp gives it to the index.
+std::shared_ptr<const ItemDecoder> dcp_items();
 
 /// How two indexes differ (the first difference found, in words), or empty when they are the same:
 /// entries, chunks and their locations, files, notes, writer and planner_data. For tests and the

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "ckpt/copy.hpp"
-#include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/formats/dcp.hpp"
 
 namespace ckpt::detail {
 
@@ -32,8 +32,7 @@ struct DcpPlanChunk {
   std::span<const std::int64_t> offsets, sizes;
 };
 
-// A plan's FQNs are views of names its maker keeps for as long as the plan (copies of 100,000
-// FQNs of 20 characters are about 5 MB).
+// A plan's FQNs are views of names its maker keeps for as long as the plan, never copies.
 struct DcpPlanTensor {
   std::string_view fqn;
   std::size_t position = 0;  ///< order in state_dict_metadata, among tensors and objects
@@ -97,7 +96,7 @@ struct DcpPlan {
       add_tasks;
   KeyPaths planner_data;  ///< FQN -> path (a tuple); others get (fqn,)
   /// When set, the paths used instead of planner_data, kept by the caller (a reshard's input's or
-  /// a save's options: 100,000 paths are about 5 MB, not copied).
+  /// a save's options), never copied.
   const KeyPaths* shared_paths = nullptr;
   const KeyPaths& paths() const noexcept { return shared_paths ? *shared_paths : planner_data; }
 };
@@ -116,9 +115,8 @@ struct DcpFilePlan {
 };
 
 /// Where one item went (a storage_data entry). Its FQN, offsets and file name are views of the
-/// plan's (a reshard makes one item per chunk: at 200,000 items, 120-byte items with their own
-/// FQNs held 34 MB), or of what the caller keeps for items it read elsewhere; they must outlive
-/// the item.
+/// plan's (a reshard makes one item per chunk, so items must not own their names), or of what the
+/// caller keeps for items it read elsewhere; they must outlive the item.
 struct DcpItem {
   std::string_view fqn;
   bool tensor = false;
@@ -129,7 +127,7 @@ struct DcpItem {
 };
 
 /// Entries in state-dict order (by position; a plan's, or a checkpoint's) as 4-byte codes: tensor
-/// i, or kObjectEntry | object j (as (position, kind, index) tuples, 100,000 entries were 2.4 MB).
+/// i, or kObjectEntry | object j: one word per entry, not a tuple.
 constexpr std::uint32_t kObjectEntry = 0x80000000u;
 template <typename Tensors, typename Objects>
 std::vector<std::uint32_t> entry_order(const Tensors& tensors, const Objects& objects) {
@@ -144,7 +142,7 @@ std::vector<std::uint32_t> entry_order(const Tensors& tensors, const Objects& ob
 }
 
 /// Throws kInvalidArgument unless every tensor's chunks pass the checks PyTorch's coordinator
-/// applies at save time (spec/FORMATS.md §3.7.2) and every rank and FQN is valid.
+/// applies at save time (docs/formats/dcp.md#save-time-validation) and every rank and FQN is valid.
 void validate_dcp_plan(const DcpPlan& plan);
 
 /// Every rank's files, empty ones included. With files_per_rank K > 1, bytes items are dealt
@@ -154,7 +152,7 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan);
 
 /// Whether write_dcp_files returns where each item went, or (uncompressed) nothing: there an
 /// item's place follows from the plan, and write_dcp_metadata(dir, plan, files) makes them again
-/// as it writes (the list held 13 MB through the copy at 200,000 items). Compressed items' places
+/// as it writes, so no list of every item is held through the copy. Compressed items' places
 /// are known only once written, and are returned either way.
 enum class ItemPlaces { kReturn, kFromPlan };
 
@@ -167,8 +165,7 @@ std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const Dcp
 /// Writes `.metadata` through `.metadata.tmp` and a rename (NOTE [.metadata last]).
 void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items);
 /// The same for every file of the plan (plan_dcp_files) written uncompressed: where each item went
-/// follows from the plan alone, and is made as .metadata is written instead of held (a reshard's
-/// 200,000 items are 13 MB).
+/// follows from the plan alone, and is made as .metadata is written instead of held.
 void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files);
 
 /// The bytes of a torch.save archive of `value` as a DCP bytes item holds it; storages named by

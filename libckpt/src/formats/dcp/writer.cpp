@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The DCP writer (formats/dcp_write.hpp) and write_dcp on top of it: data files first, `.metadata`
-// last (see ckpt/dcp.hpp).
-#include <zstd.h>
-
+// The DCP writer (formats/dcp/write_plan.hpp) and write_dcp on top of it: data files first, `.metadata`
+// last (see ckpt/formats/dcp.hpp).
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -11,13 +9,14 @@
 #include <unordered_map>
 #include <thread>
 
-#include "ckpt/dcp.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/formats/dcp.hpp"
+#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/sharding.hpp"
 #include "ckpt/test_hooks.hpp"
-#include "ckpt/torch_save.hpp"
-#include "formats/archive_plan.hpp"
-#include "formats/dcp_write.hpp"
+#include "codecs/zstd.hpp"
+#include "formats/dcp/write_plan.hpp"
+#include "formats/torch_save/archive_plan.hpp"
 #include "parallel.hpp"
 
 namespace ckpt {
@@ -26,44 +25,6 @@ namespace {
 
 using pickle::ValuePtr;
 namespace pk = pickle;
-
-// Compresses what it is given into one zstd frame on the parent (stream.zstd/1); offset() counts
-// the uncompressed bytes, which is what the item's zip offsets refer to.
-class ZstdSink final : public ByteSink {
- public:
-  ZstdSink(ByteSink& parent, int level) : parent_(parent), ctx_(ZSTD_createCCtx(), ZSTD_freeCCtx), name_(parent.name()) {
-    if (!ctx_) internal_error("ZSTD_createCCtx failed");
-    ZSTD_CCtx_setParameter(ctx_.get(), ZSTD_c_compressionLevel, level);
-    out_.resize(ZSTD_CStreamOutSize());
-  }
-  const std::string& name() const noexcept override { return name_; }
-  void write(std::span<const std::byte> b) override {
-    ZSTD_inBuffer in{b.data(), b.size(), 0};
-    while (in.pos < in.size) pump(&in, ZSTD_e_continue);
-    written_ += b.size();
-  }
-  using ByteSink::write;
-  std::uint64_t offset() const noexcept override { return written_; }
-  void commit() override {
-    ZSTD_inBuffer in{nullptr, 0, 0};
-    while (pump(&in, ZSTD_e_end) != 0) {
-    }
-  }
-
- private:
-  std::size_t pump(ZSTD_inBuffer* in, ZSTD_EndDirective mode) {
-    ZSTD_outBuffer ob{out_.data(), out_.size(), 0};
-    const std::size_t r = ZSTD_compressStream2(ctx_.get(), &ob, in, mode);
-    if (ZSTD_isError(r)) throw Error(ErrorKind::kIo, name_, std::nullopt, std::string("zstd: ") + ZSTD_getErrorName(r));
-    parent_.write(std::span(out_).first(ob.pos));
-    return r;
-  }
-  ByteSink& parent_;
-  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> ctx_;
-  std::vector<std::byte> out_;
-  std::uint64_t written_ = 0;
-  std::string name_;
-};
 
 std::string uuid4() {
   std::random_device rd;
@@ -77,7 +38,7 @@ std::string uuid4() {
   return s;
 }
 
-// The .metadata object tree, as CPython pickles DCP's dataclasses (spec/FORMATS.md §3.3).
+// The .metadata object tree, as CPython pickles DCP's dataclasses (docs/formats/dcp.md#metadata).
 class MetadataBuilder {
  public:
   explicit MetadataBuilder(DcpLayout layout) : layout_(layout) {
@@ -267,16 +228,16 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
     auto sink = open_file_sink(dir / f.name, Overwrite::kYes);
     for (const DcpFilePlan::Ref& r : f.items) {
       const std::uint64_t at = sink->offset();
-      ZstdSink z(*sink, plan.zstd_level);
+      const auto z = codecs::zstd_encoder(*sink, plan.zstd_level);
       if (!r.tensor) {
         const DcpPlanObject& o = plan.objects[r.index];
-        stream_range(*o.item, 0, o.item->size(), [&](std::span<const std::byte> b) { z.write(b); });
+        stream_range(*o.item, 0, o.item->size(), [&](std::span<const std::byte> b) { z->write(b); });
       } else {
-        archives->of(plan, r).stream(z, [&](std::size_t, const auto& write) {
+        archives->of(plan, r).stream(*z, [&](std::size_t, const auto& write) {
           stream_chunk(plan, r, max_task, copy, progress, progress_mutex, write);
         });
       }
-      z.commit();
+      z->commit();
       test_hooks::crash_point("item");
       per_file[i].push_back(item_of(plan, r, f.name, at, sink->offset() - at));
     }
@@ -377,8 +338,8 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
     return true;
   };
   const std::vector<std::uint32_t> crcs = run_copy(targets, next, total, groups, copy);
-  // The archives' tails, now that their CRCs are known: a third walk (a list of where each tensor
-  // item was held 10 MB at 200,000 items).
+  // The archives' tails, now that their CRCs are known: a third walk, rather than a list of where
+  // each tensor item went, which would grow with the items.
   for (ItemWalk tail(plan, files, archives); !tail.done(); tail.next()) {
     if (!tail.ref().tensor) continue;
     const ArchivePlan& a = archives.of(plan, tail.ref());
@@ -411,7 +372,7 @@ void validate_dcp_plan(const DcpPlan& plan) {
   if (plan.world_size < 1) throw Error(ErrorKind::kInvalidArgument, "world size must be at least 1");
   if (plan.files_per_rank < 1) throw Error(ErrorKind::kInvalidArgument, "files per rank must be at least 1");
   const int world = plan.world_size;
-  // Every FQN once: views, sorted when all are in (a set of copies held 11 MB at 100,000 tensors).
+  // Every FQN once: views of the plan's names, sorted when all are in, never copies.
   std::vector<std::string_view> names;
   names.reserve(plan.tensors.size() + plan.objects.size());
   for (const DcpPlanTensor& t : plan.tensors) {

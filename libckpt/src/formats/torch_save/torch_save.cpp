@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // torch.save archives: reading the record layout and the tensors of data.pkl, and writing them.
-#include "ckpt/torch_save.hpp"
+#include "ckpt/formats/torch_save.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// What the HDF5 module (libckpt_hdf5.so, hdf5_module.cpp) gives libckpt: one C entry point,
+// What the HDF5 module (libckpt_hdf5.so, module.cpp) gives libckpt: one C entry point,
 // ckpt_hdf5_api(), returning this table. Both sides are built together, so C++ types pass freely;
 // the version guards against a stale module found on the search path.
 #pragma once
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/hdf5.hpp"
+#include "ckpt/formats/hdf5.hpp"
 
 namespace ckpt::detail {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "formats/archive_plan.hpp"
+#include "formats/torch_save/archive_plan.hpp"
 
 #include "ckpt/error.hpp"
 #include "zip/crc32.hpp"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// DCP directories: `.metadata` interpreted into the Checkpoint index (see ckpt/dcp.hpp).
-#include "ckpt/dcp.hpp"
+// DCP directories: `.metadata` interpreted into the Checkpoint index (see ckpt/formats/dcp.hpp).
+#include "ckpt/formats/dcp.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -15,10 +15,10 @@
 #include <unordered_set>
 
 #include "ckpt/error.hpp"
-#include "ckpt/torch_save.hpp"
-#include "formats/dcp_index.hpp"
-#include "formats/dcp_metadata.hpp"
-#include "ops/text.hpp"
+#include "ckpt/formats/torch_save.hpp"
+#include "formats/dcp/index_builder.hpp"
+#include "formats/dcp/metadata.hpp"
+#include "text_helpers.hpp"
 
 namespace ckpt {
 namespace {
@@ -115,7 +115,7 @@ class MetadataReader {
   }
   // NOTE [Entries as they are built]: a TensorStorageMetadata is made into its entry as soon as
   // BUILD finishes it, and a small token of the same class takes its place on the stack; its
-  // tree is freed at once instead of when SETITEMS hands over the batch of 1,000 entries that
+  // tree is freed at once, not when SETITEMS hands over the batch of up to 1,000 entries that
   // holds it. The token is known by its address (a pickle cannot make one). One that does not
   // read cleanly is kept whole and reported, with its name, when its dict item is read.
   ValuePtr on_built(const Value& v) {
@@ -222,7 +222,7 @@ class MetadataReader {
       offsets = size_of(*off, "MetadataIndex.offset");
     }
     ChunkLocation loc;
-    loc.encoding = ChunkEncoding::kTorchSaveItem;
+    loc.encoding = ChunkEncoding::kItem;
     const ValuePtr& path = require(vf, "relative_path", *v);
     if (!path->str()) fail(*path, "relative_path is a " + path->type_name() + ", expected a str");
     loc.file = b_.file_index(*path->str(), path->offset);
@@ -595,6 +595,7 @@ Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
       throw;
     }
   }
+  c.items = detail::dcp_items();
   return c;
 }
 

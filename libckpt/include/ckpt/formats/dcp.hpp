@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// PyTorch Distributed Checkpoint (DCP) directories (spec/FORMATS.md §3):
+// PyTorch Distributed Checkpoint (DCP) directories (docs/formats/dcp.md):
 //   <dir>/.metadata            a pickle (protocol 4 or 5) of one Metadata object:
 //       Metadata{state_dict_metadata: {fqn: TensorStorageMetadata{properties: TensorProperties
 //                  (state: (dtype, layout, requires_grad, memory_format, pin_memory)), size: Size,
@@ -12,7 +12,7 @@
 //                              torch.save archive at [offset, offset + length), offsets inside it
 //                              counted from the item's first byte
 //   <dir>/meta.pt              Lightning: the rest of the state, a torch.save file
-// Accepted class paths: torch 1.13 (torch.distributed._shard.checkpoint), 2.0-2.2, 2.3+ (§3.3.4);
+// Accepted class paths: torch 1.13 (torch.distributed._shard.checkpoint), 2.0-2.2, 2.3+ (docs/formats/dcp.md#class-paths);
 // a Metadata subclass from another module when its state has Metadata's fields; extra attributes
 // (Megatron's mcore_data). The pickle is read by the restricted unpickler: persistent ids and any
 // global outside the allow-list are refused and named, never executed.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// safetensors files (spec/FORMATS.md §4; huggingface/safetensors README and safetensors/src/tensor.rs).
+// safetensors files (docs/formats/safetensors.md; huggingface/safetensors README and safetensors/src/tensor.rs).
 //
 //   offset 0      u64 little-endian N: header length in bytes
 //   offset 8      N bytes of UTF-8 JSON, an object:
@@ -8,7 +8,7 @@
 //                 padded with spaces to a multiple of 8 by the reference writer
 //   offset 8+N    the byte buffer; data_offsets count from here, end exclusive; C order, little-endian
 //
-// Limits we enforce, as the reference reader does (§4.4): file ≥ 8 bytes; N ≤ 100,000,000 and
+// Limits we enforce, as the reference reader does (docs/formats/safetensors.md#reader-checks): file ≥ 8 bytes; N ≤ 100,000,000 and
 // 8 + N ≤ file size; the header is valid UTF-8, starts with '{' and is one JSON object nested at
 // most 64 deep; names are unique; dtype strings are known (others are refused, never guessed);
 // shape entries and offsets are non-negative integers; sorted by offset the tensors tile the
@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/dims.hpp"
 #include "ckpt/dtype.hpp"
 #include "ckpt/io.hpp"
@@ -43,8 +44,8 @@ struct SafetensorsFile {
   std::vector<std::pair<std::string, std::string>> metadata;  ///< `__metadata__`, in file order
   std::vector<SafetensorsTensor> tensors;                      ///< in header order
   SourcePtr source;                                            ///< the file read
-  /// The bytes [t.begin, t.end) of one of `tensors` as a window, no copy (made when asked for:
-  /// a window per tensor held 13 MB at 100,000 tensors).
+  /// The bytes [t.begin, t.end) of one of `tensors` as a window, no copy, made when asked for
+  /// rather than kept for every tensor.
   SourcePtr data(const SafetensorsTensor& t) const;
 };
 
@@ -64,7 +65,7 @@ struct SafetensorsEntry {
 };
 
 /// Where everything of a safetensors file goes, as the reference writer lays it out. The head is
-/// not kept but made again when it is written (at 100,000 tensors it is 9 MB).
+/// not kept but made again when it is written: it grows with the tensors.
 struct SafetensorsLayout {
   std::vector<SafetensorsEntry> entries;  ///< in the order their bytes follow the header
   std::vector<std::size_t> order;         ///< each of `entries`' index in the entries planned
@@ -88,5 +89,11 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
 /// size that does not match the shape, or a duplicate name. The sink is not committed.
 void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
                        const std::vector<std::pair<std::string, std::string>>& metadata = {});
+
+/// Opens a safetensors file into the index: one raw chunk per tensor, `__metadata__` as metadata.
+Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);
+/// A Hugging Face `model.safetensors.index.json`: its shards (file names inside the index's
+/// directory) read as one checkpoint; a tensor the weight_map names must be in the shard it names.
+Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path);
 
 }  // namespace ckpt

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The direct .metadata reader. NOTE [The direct .metadata reader]:
 //
-// The tree reader (dcp.cpp) runs the restricted unpickler, which makes a node for every value,
+// The tree reader (metadata_tree.cpp) runs the restricted unpickler, which makes a node for every value,
 // and reads the index from the nodes. For the .metadata of a large checkpoint that is millions of
 // nodes, each allocated, reference-counted and freed: most of the time `inspect` takes. This
 // reader runs the same pickle opcodes over small tokens instead: scalars held in the token,
@@ -32,8 +32,8 @@
 #include <thread>
 
 #include "ckpt/error.hpp"
-#include "formats/dcp_index.hpp"
-#include "formats/dcp_metadata.hpp"
+#include "formats/dcp/index_builder.hpp"
+#include "formats/dcp/metadata.hpp"
 #include "pickle/memo_scan.hpp"
 #include "pickle/opcodes.hpp"
 
@@ -184,7 +184,7 @@ class TokArena {
 // reader touches only Checkpoint::files (file_index()) until drain(). At most kQueued batches
 // wait, so that a builder behind the reader (its thread is on the first pass at first) holds a
 // few batches, not all of storage_data. The TensorEntries stay the reader's to make: made on the
-// builder's thread, their memory came from a second malloc arena, and peak RSS grew by 4-10 MiB.
+// builder's thread, their memory would come from a second malloc arena and raise the peak RSS.
 class BuilderFeed {
  public:
   struct Entry {
@@ -1217,7 +1217,7 @@ class DirectReader {
         st.fqn = view(key);
         st.tensor = key.x != kNoOffsets;
         if (st.tensor) st.offsets = dims_value(key.b, key.x);
-        st.loc.encoding = ChunkEncoding::kTorchSaveItem;
+        st.loc.encoding = ChunkEncoding::kItem;
         st.loc.file = value.n;
         st.loc.offset = value.a;
         st.loc.length = value.b;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The HDF5 reader and writer behind ckpt/hdf5.hpp, built as the module libckpt_hdf5.so, which
+// The HDF5 reader and writer behind ckpt/formats/hdf5.hpp, built as the module libckpt_hdf5.so, which
 // libckpt loads the first time HDF5 is needed (see hdf5.cpp). libhdf5 pulls some forty libraries
 // (curl, TLS, Kerberos, LDAP) into a process: loading them only for HDF5 keeps every tool's
 // start-up at a few milliseconds and a few MiB. The module's other references (ckpt::Error, the
@@ -12,8 +12,8 @@
 #include <mutex>
 
 #include "ckpt/error.hpp"
-#include "ckpt/hdf5.hpp"
-#include "formats/hdf5_api.hpp"
+#include "ckpt/formats/hdf5.hpp"
+#include "formats/hdf5/api.hpp"
 
 namespace ckpt {
 namespace {

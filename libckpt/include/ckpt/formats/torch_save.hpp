@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// torch.save files: a zip archive (spec/FORMATS.md §2) of stored records under one folder,
+// torch.save files: a zip archive (docs/formats/torch_save.md) of stored records under one folder,
 //   <archive>/data.pkl              protocol-2 pickle of the saved object; each storage is a
 //                                   persistent id ('storage', <storage class>, <key>, <location>, <numel>)
 //   <archive>/data/<key>            the storage's raw bytes, numel × element size, little-endian
@@ -8,13 +8,13 @@
 //   <archive>/.format_version, .storage_alignment, .data/serialization_id   (optional, ignored)
 // Tensors are `torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride,
 // requires_grad, backward_hooks[, metadata])` (v3 adds a dtype for storages without a legacy
-// class), Parameters `_rebuild_parameter(tensor, requires_grad, hooks)` (§2.7).
-// Checks on read (§2.10, §6.1): one folder for all records; `version` present, an integer in
+// class), Parameters `_rebuild_parameter(tensor, requires_grad, hooks)` (docs/formats/torch_save.md#rebuild-calls).
+// Checks on read (docs/formats/torch_save.md#reader-checks): one folder for all records; `version` present, an integer in
 // [1, 10]; `byteorder` little (big is refused as unsupported); every storage record exists and
 // holds exactly numel × element size bytes; one dtype per storage; every view inside its storage:
 // storage_offset + Σ (size_i − 1)·stride_i < numel, sizes and strides ≥ 0. Legacy (pre-1.6,
 // non-zip) files are refused with kUnsupported naming the legacy format.
-// What we write loads with torch.load(weights_only=True): protocol 2, GLOBAL only, the §2.9 globals.
+// What we write loads with torch.load(weights_only=True): protocol 2, GLOBAL only, the globals of docs/formats/torch_save.md#weights-only-globals.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/checkpoint.hpp"
 #include "ckpt/dtype.hpp"
 #include "ckpt/io.hpp"
 #include "ckpt/pickle.hpp"
@@ -106,8 +107,8 @@ struct TorchSaveRecord {
 
 /// The records of a torch.save archive in archive order: data.pkl and the other literal records
 /// before the storages, a storage record per storage, and `version`. A storage record is its size
-/// and its name in one shared text, about 24 bytes: 100,000 of them as structs of strings and
-/// vectors held 8 MB, for as long as a merge's copy ran.
+/// and its name in one shared text, not a struct of strings: there is one per tensor, held for as
+/// long as a merge's copy runs.
 class TorchSaveRecords {
  public:
   std::size_t size() const noexcept { return head_.size() + sizes_.size() + tail_.size(); }
@@ -182,7 +183,7 @@ void write_torch_save(ByteSink& sink, const pickle::Value& root,
 /// Whether a TorchSaveBuilder keeps one key node per storage, shared by its views (torch.save's
 /// bytes: a second view of a storage memo-references its key), or makes one per view. kPerView is
 /// for a builder of very many storages of one view each (merge's output), whose key nodes would
-/// otherwise stay for the builder's life: 100,000 storages kept 8 MB of them. Two views of one
+/// otherwise stay for the builder's life, one per tensor. Two views of one
 /// storage then write its key twice, a pickle torch.load reads alike.
 enum class StorageKeys { kShared, kPerView };
 
@@ -227,5 +228,14 @@ class TorchSaveBuilder {
   /// One node per global (the pickler memoizes globals by name, so sharing them changes no byte).
   std::map<std::string, pickle::ValuePtr, std::less<>> globals_;
 };
+
+/// Opens a torch.save file into the index: one raw chunk per tensor over its storage record (its
+/// view kept), the other leaves as object entries, their key paths as planner_data. With
+/// MetaTrees::kKeep the whole pickle tree is kept under the file's name.
+Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
+
+/// The entry of tensor `t` of torch.save file `f`, whose bytes are file `file` of a checkpoint:
+/// one raw chunk over its storage record, its view (offset, strides) kept. No bytes are read.
+TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t, std::size_t file);
 
 }  // namespace ckpt

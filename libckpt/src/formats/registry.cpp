@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// The registry of format drivers: detect_format() and open_checkpoint() walk it. Adding a format
+// is its driver (formats/<name>/) and one line below (and its Format value in ckpt/format.hpp).
+#include <algorithm>
+#include <array>
+
+#include "ckpt/error.hpp"
+#include "ckpt/format.hpp"
+#include "ckpt/open.hpp"
+#include "formats/driver.hpp"
+
+namespace ckpt {
+namespace formats {
+
+std::span<const Driver* const> drivers() {
+  // A file's drivers look at its signature; order matters only where one could be mistaken for
+  // another (a safetensors index is plain JSON, so it is asked last).
+  static constexpr std::array<const Driver*, 5> kDrivers = {
+      &kDcpDriver, &kTorchSaveDriver, &kSafetensorsDriver, &kHdf5Driver, &kSafetensorsIndexDriver,
+  };
+  return kDrivers;
+}
+
+}  // namespace formats
+
+std::string_view to_string(Format format) noexcept {
+  switch (format) {
+    case Format::kTorchSave: return "torch-save";
+    case Format::kSafetensors: return "safetensors";
+    case Format::kSafetensorsIndex: return "safetensors-index";
+    case Format::kDcp: return "dcp";
+    case Format::kLightningSharded: return "lightning-sharded";
+    case Format::kHdf5: return "hdf5";
+    case Format::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Runs `f` with the probe of `path`: a directory, or a file opened with its first bytes read.
+template <class F>
+auto with_probe(const std::filesystem::path& path, F&& f) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return f(formats::Probe{path, true, nullptr, {}});
+  SourcePtr src = open_file(path);
+  const auto head = src->read_vector(0, std::min<std::uint64_t>(src->size(), formats::kHeadBytes));
+  return f(formats::Probe{path, false, src.get(), head});
+}
+
+std::pair<Format, const formats::Driver*> detect(const formats::Probe& probe) {
+  for (const formats::Driver* d : formats::drivers()) {
+    if (const Format f = d->detect(probe); f != Format::kUnknown) return {f, d};
+  }
+  return {Format::kUnknown, nullptr};
+}
+
+}  // namespace
+
+Format detect_format(const std::filesystem::path& path) {
+  return with_probe(path, [](const formats::Probe& p) { return detect(p).first; });
+}
+
+Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
+  const formats::Driver* driver = with_probe(path, [&](const formats::Probe& p) {
+    const auto [format, d] = detect(p);
+    if (d) return d;
+    for (const formats::Driver* other : formats::drivers()) {
+      if (!other->near_miss) continue;
+      if (std::string why = other->near_miss(p); !why.empty()) {
+        throw Error(ErrorKind::kFormat, path.string(), std::nullopt, why);
+      }
+    }
+    std::string names;
+    for (const formats::Driver* other : formats::drivers()) names += (names.empty() ? "" : ", ") + std::string(other->name);
+    throw Error(ErrorKind::kFormat, path.string(), p.directory ? std::nullopt : std::optional<std::uint64_t>(0),
+                std::string(p.directory ? "directory" : "file") + " is not a checkpoint this tool recognises (" + names + ")");
+  });
+  return driver->open(path, trees);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ckpt/text.hpp"
+
+#include <cstdio>
+
+namespace ckpt {
+
+std::string escape_name(std::string_view name) {
+  std::string out;
+  out.reserve(name.size());
+  // The length of the valid UTF-8 sequence at `i` (0: none; its first byte is escaped).
+  auto utf8_at = [&](std::size_t i) -> std::size_t {
+    const auto b = [&](std::size_t k) { return static_cast<unsigned char>(name[k]); };
+    const unsigned char c = b(i);
+    const std::size_t n = c >= 0xf0 ? (c <= 0xf4 ? 4 : 0) : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    if (n == 0 || i + n > name.size()) return 0;
+    for (std::size_t k = 1; k < n; ++k) {
+      if ((b(i + k) & 0xc0) != 0x80) return 0;
+    }
+    if (n == 3 && ((c == 0xe0 && b(i + 1) < 0xa0) || (c == 0xed && b(i + 1) >= 0xa0))) return 0;  // overlong, surrogate
+    if (n == 4 && ((c == 0xf0 && b(i + 1) < 0x90) || (c == 0xf4 && b(i + 1) >= 0x90))) return 0;  // overlong, past U+10FFFF
+    return n;
+  };
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char ch = name[i];
+    const auto c = static_cast<unsigned char>(ch);
+    std::size_t n = 0;
+    if (c >= 0x80 && (n = utf8_at(i)) != 0) {
+      out.append(name.substr(i, n));
+      i += n - 1;
+    } else if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace ckpt
