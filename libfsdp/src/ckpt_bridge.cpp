@@ -16,6 +16,13 @@
 #include "fsdp/checkpoint.hpp"
 
 namespace fsdp {
+
+Error::Error(std::string_view context, const ckpt::Error& cause)
+    : Error(std::string(context) + ": " + cause.what(),
+            cause.kind() == ckpt::ErrorKind::kInvalidArgument ? ErrorKind::kInvalidArgument : ErrorKind::kCheckpoint) {
+  if (!cause.source().empty()) file_ = cause.source();
+  offset_ = cause.offset();
+}
 namespace {
 
 ckpt::DType to_ckpt(c10::ScalarType t) {
@@ -228,7 +235,7 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
     }
     group.barrier();
   } catch (const ckpt::Error& e) {
-    throw Error("rank " + std::to_string(rank) + ": saving " + dir.string() + ": " + e.what());
+    throw Error("rank " + std::to_string(rank) + ": saving " + dir.string(), e);
   }
 }
 
@@ -271,7 +278,7 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
       builder.write(*sink, *pk::make_dict(std::move(root)));
       sink->commit();
     } catch (const ckpt::Error& e) {
-      throw Error("rank 0: saving " + file.string() + ": " + e.what());
+      throw Error("rank 0: saving " + file.string(), e);
     }
   }
   group.barrier();
@@ -343,7 +350,7 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       meta = ckpt::read_torch_save(ckpt::open_file(dir / "meta.pt")).root;
     }
   } catch (const ckpt::Error& e) {
-    throw Error(who + ": " + e.what());
+    throw Error(who, e);
   }
   (void)group;
   return meta;

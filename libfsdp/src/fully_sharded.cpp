@@ -18,20 +18,6 @@
 
 namespace fsdp {
 
-Autocast::Autocast(bool on, c10::DeviceType device, c10::ScalarType dtype) : on_(on), device_(device) {
-  if (!on_) return;
-  const detail::AutocastState was = detail::autocast_state(device_);
-  was_enabled_ = was.enabled;
-  was_dtype_ = was.dtype;
-  detail::set_autocast_state(device_, {true, dtype});
-}
-
-Autocast::~Autocast() {
-  if (!on_) return;
-  detail::set_autocast_state(device_, {was_enabled_, was_dtype_});
-  at::autocast::clear_cache();
-}
-
 namespace {
 
 // The prefix of a child's parameters' FQNs: its name, except a TorchScript module's, whose FQNs
@@ -160,20 +146,7 @@ ShardingStrategy sharding_strategy_from_string(std::string_view name) {
   if (name == "SHARD_GRAD_OP") return ShardingStrategy::kShardGradOp;
   if (name == "NO_SHARD") return ShardingStrategy::kNoShard;
   if (name == "HYBRID_SHARD") return ShardingStrategy::kHybridShard;
-  throw Error("unknown sharding strategy '" + std::string(name) + "' (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD)");
-}
-
-MixedPrecision mixed_precision_of(std::string_view precision) {
-  MixedPrecision mp;
-  if (precision == "16-mixed") mp.reduce_dtype = c10::ScalarType::Half;
-  else if (precision != "32-true") mp.reduce_dtype = c10::ScalarType::BFloat16;
-  return mp;
-}
-
-std::optional<c10::ScalarType> autocast_dtype_of(std::string_view precision) {
-  if (precision == "bf16-mixed") return c10::ScalarType::BFloat16;
-  if (precision == "16-mixed") return c10::ScalarType::Half;
-  return std::nullopt;
+  throw Error(ErrorKind::kInvalidArgument, "unknown sharding strategy '" + std::string(name) + "' (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD)");
 }
 
 FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy, ProcessGroup* replicate)
@@ -259,7 +232,7 @@ torch::TensorOptions FlatUnit::compute_options() const {
 
 void FlatUnit::offload_shard() {
   if (compute_device_.is_cpu() || shard_.device().is_cpu()) return;  // on the host already
-  if (strategy_ == ShardingStrategy::kNoShard) throw Error("cpu_offload with NO_SHARD is not supported: the module computes with the shard itself");
+  if (strategy_ == ShardingStrategy::kNoShard) throw Error(ErrorKind::kInvalidArgument, "cpu_offload with NO_SHARD is not supported: the module computes with the shard itself");
   torch::NoGradGuard no_grad;
   release();
   shard_ = shard_.detach().to(torch::kCPU).set_requires_grad(true);

@@ -17,10 +17,10 @@ bool nccl_available() noexcept { return FSDP_HAS_NCCL != 0; }
 Backend backend_from_string(std::string_view name) {
   if (name == "gloo") return Backend::kGloo;
   if (name == "nccl") {
-    if (!nccl_available()) throw Error("backend 'nccl' needs a LibTorch with CUDA; this build has none (use gloo)");
+    if (!nccl_available()) throw Error(ErrorKind::kUnsupported, "backend 'nccl' needs a LibTorch with CUDA; this build has none (use gloo)");
     return Backend::kNccl;
   }
-  throw Error("unknown process-group backend '" + std::string(name) + "' (gloo or nccl)");
+  throw Error(ErrorKind::kInvalidArgument, "unknown process-group backend '" + std::string(name) + "' (gloo or nccl)");
 }
 
 namespace {

@@ -25,7 +25,7 @@ StrategyOptions registered_strategy(std::string_view name) {
     o.cpu_offload = true;
     return o;
   }
-  throw Error("unknown strategy '" + std::string(name) + "' (registered: fsdp, fsdp_cpu_offload)");
+  throw Error(ErrorKind::kInvalidArgument, "unknown strategy '" + std::string(name) + "' (registered: fsdp, fsdp_cpu_offload)");
 }
 
 std::vector<std::string> registered_strategies() { return {"fsdp", "fsdp_cpu_offload"}; }
@@ -43,40 +43,37 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   const std::string& a = options_.accelerator;
   if (a == "cuda" || a == "gpu") {
     if (!torch::cuda::is_available()) {
-      throw Error("accelerator '" + a + "': " +
+      throw Error(ErrorKind::kUnsupported, "accelerator '" + a + "': " +
                   (nccl_available() ? std::string("no GPU is visible") : std::string("this build's LibTorch has no CUDA")) + " (use cpu)");
     }
     device_type_ = c10::DeviceType::CUDA;
   } else if (a == "auto") {
     if (torch::cuda::is_available()) device_type_ = c10::DeviceType::CUDA;
   } else if (a != "cpu") {
-    throw Error("unknown accelerator '" + a + "' (cpu, cuda, gpu or auto)");
+    throw Error(ErrorKind::kInvalidArgument, "unknown accelerator '" + a + "' (cpu, cuda, gpu or auto)");
   }
   const bool cuda = device_type_ == c10::DeviceType::CUDA;
-  if (options_.process_group_backend == Backend::kNccl && !cuda) throw Error("backend nccl moves GPU memory only; it needs accelerator cuda");
+  if (options_.process_group_backend == Backend::kNccl && !cuda) throw Error(ErrorKind::kInvalidArgument, "backend nccl moves GPU memory only; it needs accelerator cuda");
   // The seed's constructor errors, with their meaning.
   if (options_.activation_checkpointing && options_.activation_checkpointing_policy) {
-    throw Error("you cannot set both activation_checkpointing and activation_checkpointing_policy; use the latter");
+    throw Error(ErrorKind::kInvalidArgument, "you cannot set both activation_checkpointing and activation_checkpointing_policy; use the latter");
   }
   if (options_.process_group && options_.device_mesh) {
-    throw Error("the options process_group and device_mesh are mutually exclusive; pass only one of them");
+    throw Error(ErrorKind::kInvalidArgument, "the options process_group and device_mesh are mutually exclusive; pass only one of them");
   }
   sharding_ = sharding_strategy_from_string(options_.sharding_strategy);
   if (sharding_ == ShardingStrategy::kHybridShard && !options_.auto_wrap_policy && !options_.process_group && !options_.device_mesh) {
-    throw Error("the hybrid sharding strategy requires at least one of the options auto_wrap_policy, process_group or device_mesh");
+    throw Error(ErrorKind::kInvalidArgument, "the hybrid sharding strategy requires at least one of the options auto_wrap_policy, process_group or device_mesh");
   }
   if (options_.device_mesh && sharding_ != ShardingStrategy::kHybridShard) {
-    throw Error("device_mesh is only valid with the HYBRID_SHARD sharding strategy, not " + options_.sharding_strategy);
+    throw Error(ErrorKind::kInvalidArgument, "device_mesh is only valid with the HYBRID_SHARD sharding strategy, not " + options_.sharding_strategy);
   }
   if (options_.state_dict_type != "sharded" && options_.state_dict_type != "full") {
-    throw Error("unknown state_dict_type: '" + options_.state_dict_type + "' (full or sharded)");
+    throw Error(ErrorKind::kInvalidArgument, "unknown state_dict_type: '" + options_.state_dict_type + "' (full or sharded)");
   }
-  static const std::set<std::string, std::less<>> precisions{"32-true", "bf16-mixed", "bf16-true", "16-mixed"};
-  if (!precisions.count(options_.precision)) {
-    throw Error("precision '" + options_.precision + "' is not supported (32-true, bf16-mixed, bf16-true, 16-mixed)");
-  }
-  if (options_.precision == "16-mixed" && !cuda) {
-    throw Error("precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA: accelerator cuda (use bf16-mixed)");
+  precision_ = parse_precision(options_.precision);
+  if (precision_ == Precision::k16Mixed && !cuda) {
+    throw Error(ErrorKind::kInvalidArgument, "precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA: accelerator cuda (use bf16-mixed)");
   }
 }
 
@@ -155,17 +152,19 @@ c10::Device Strategy::root_device() {
 }
 
 namespace {
-// What a model the strategy wraps gets: the mixed precision its options give, and their policy.
-MixedPrecision mixed_of(const StrategyOptions& o) { return o.mixed_precision.value_or(mixed_precision_of(o.precision)); }
+// What a model the strategy wraps gets: the mixed precision its options give (else its
+// precision's), and their policy.
+MixedPrecision mixed_of(const StrategyOptions& o, Precision p) { return o.mixed_precision.value_or(mixed_precision_of(p)); }
 WrapPolicy policy_of(const StrategyOptions& o) { return o.auto_wrap_policy.value_or(WrapPolicy{}); }
 }  // namespace
 
 FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
+  convert_module(*module, precision_);
   if (root_device().is_cuda()) module->to(root_device());
   if (mesh_) {
-    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed_of(options_), policy_of(options_)));
+    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed_of(options_, precision_), policy_of(options_)));
   } else {
-    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed_of(options_), policy_of(options_)));
+    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed_of(options_, precision_), policy_of(options_)));
   }
   return adopt();
 }
@@ -173,16 +172,16 @@ FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
 FullyShardedSequential& Strategy::setup_module(const std::vector<std::pair<std::string, ChildMaker>>& children) {
   if (mesh_) throw Error("deferred initialization (a model given as its children's makers) is not available under HYBRID_SHARD; make the model whole");
   std::vector<std::pair<std::string, ChildMaker>> made_there = children;
-  if (const c10::Device d = root_device(); d.is_cuda()) {
-    for (auto& [name, make] : made_there) {
-      make = [make = std::move(make), d] {
-        torch::nn::AnyModule m = make();
-        m.ptr()->to(d);
-        return m;
-      };
-    }
+  const c10::Device d = root_device();
+  for (auto& [name, make] : made_there) {
+    make = [make = std::move(make), d, p = precision_] {
+      torch::nn::AnyModule m = make();
+      convert_module(*m.ptr(), p);
+      if (d.is_cuda()) m.ptr()->to(d);
+      return m;
+    };
   }
-  modules_.push_back(std::make_unique<FullyShardedSequential>(made_there, group(), sharding_, mixed_of(options_), policy_of(options_)));
+  modules_.push_back(std::make_unique<FullyShardedSequential>(made_there, group(), sharding_, mixed_of(options_, precision_), policy_of(options_)));
   return adopt();
 }
 
@@ -208,10 +207,15 @@ FullyShardedSequential& Strategy::adopt() {
   return m;
 }
 
+Autocast Strategy::forward_context() {
+  const auto dtype = autocast_dtype_of(precision_);
+  return Autocast(dtype.has_value(), root_device().type(), dtype.value_or(c10::ScalarType::BFloat16));
+}
+
 ShardedOptimizer& Strategy::setup_optimizer(const OptimizerOptions& options) {
   if (modules_.empty()) throw Error("set up the model (setup_module) before its optimizer");
   optimizers_.push_back(std::make_unique<ShardedOptimizer>(*modules_.back(), options));
-  if (options_.precision == "16-mixed") scalers_[optimizers_.back().get()] = std::make_unique<ShardedGradScaler>(*optimizers_.back());
+  if (precision_ == Precision::k16Mixed) scalers_[optimizers_.back().get()] = std::make_unique<ShardedGradScaler>(*optimizers_.back());
   return *optimizers_.back();
 }
 
@@ -324,7 +328,7 @@ void Strategy::save_checkpoint(const fs::path& path, const State& state, const F
   try {
     ckpt::check_output(path, fs::is_directory(path) ? ckpt::OutputKind::kDcpDirectory : ckpt::OutputKind::kFile, ckpt::Overwrite::kYes);
   } catch (const ckpt::Error& e) {
-    throw Error(std::string("cannot save the checkpoint: ") + e.what());
+    throw Error("cannot save the checkpoint", e);
   }
   const Split s = split(state, "save");
   SaveOptions o;

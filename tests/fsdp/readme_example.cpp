@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   // README begin
   fsdp::StrategyOptions options = fsdp::registered_strategy("fsdp");
   options.sharding_strategy = "FULL_SHARD";
-  options.precision = "bf16-mixed";  // bfloat16 gradient reduction; compute under autocast if you like
+  options.precision = "bf16-mixed";  // float32 weights, bfloat16 compute and gradient reduction
   fsdp::Strategy strategy(options);
   strategy.setup_environment(env);  // torchrun's or SLURM's variables; none: a world of one
 
@@ -34,7 +34,11 @@ int main(int argc, char** argv) {
   for (int step = 1; step <= 20; ++step) {
     torch::Tensor x = torch::randn({8, 16}), y = x.sum(1, /*keepdim=*/true);  // this rank's batch
     optimizer.zero_grad();
-    torch::Tensor loss = torch::mse_loss(model.forward(x), y);
+    torch::Tensor loss;
+    {
+      const fsdp::Autocast context = strategy.forward_context();  // the precision's autocast
+      loss = torch::mse_loss(model.forward(x).to(torch::kFloat), y);
+    }
     model.backward(loss);  // gradients reduce-scattered into each rank's shard
     strategy.clip_gradients_norm(optimizer, 1.0);
     optimizer.step(1e-2);

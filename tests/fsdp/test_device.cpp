@@ -23,8 +23,8 @@
 #include <string>
 #include <unistd.h>
 
-#include "fsdp/strategy.hpp"
 #include "expect.hpp"
+#include "fsdp/strategy.hpp"
 
 namespace {
 
@@ -100,13 +100,12 @@ fsdp::StrategyOptions options(const std::string& device, const std::string& prec
 // returns its full parameters and counts the steps taken.
 std::vector<std::pair<std::string, torch::Tensor>> train(fsdp::Strategy& s, fsdp::FullyShardedSequential& m, fsdp::ShardedOptimizer& opt,
                                                          int* taken = nullptr) {
-  const auto dtype = fsdp::autocast_dtype_of(s.options().precision);
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = batch(step, s.root_device());
     opt.zero_grad();
     torch::Tensor loss;
     {
-      fsdp::Autocast autocast(dtype.has_value(), s.root_device().type(), dtype.value_or(torch::kBFloat16));
+      const fsdp::Autocast context = s.forward_context();
       loss = torch::mse_loss(m.forward(x).to(torch::kFloat), y);
     }
     m.backward(s.scale_loss(opt, loss));

@@ -10,13 +10,15 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <string>
 
-#include "fsdp/strategy.hpp"
 #include "expect.hpp"
+#include "fsdp/strategy.hpp"
 #include "launch.hpp"
 
 namespace {
@@ -307,6 +309,71 @@ bool blas_threads() {
   return ok;
 }
 
+// libfsdp owns precision and says whose mistake an error is: an option the strategy refuses is
+// kInvalidArgument (a tool's usage error), a libckpt error keeps its file when it crosses,
+// bf16-true converts the model in setup_module, and forward_context() autocasts bf16-mixed.
+bool precision_and_error_kinds() {
+  const int before = failures;
+  auto kind_of = [](const std::function<void()>& f) -> std::optional<fsdp::ErrorKind> {
+    try {
+      f();
+    } catch (const fsdp::Error& e) {
+      return e.kind();
+    }
+    return std::nullopt;
+  };
+  auto opts = [] {
+    fsdp::StrategyOptions o;
+    o.warn = [](const std::string&) {};
+    return o;
+  };
+  EXPECT(kind_of([&] { auto o = opts(); o.precision = "bf16-fast"; fsdp::Strategy s(o); }) == fsdp::ErrorKind::kInvalidArgument);
+  EXPECT(kind_of([&] { auto o = opts(); o.precision = "16-mixed"; fsdp::Strategy s(o); }) == fsdp::ErrorKind::kInvalidArgument);
+  EXPECT(kind_of([&] { auto o = opts(); o.sharding_strategy = "ZERO3"; fsdp::Strategy s(o); }) == fsdp::ErrorKind::kInvalidArgument);
+  EXPECT(fsdp::parse_precision("bf16-true") == fsdp::Precision::kBf16True);
+  EXPECT(fsdp::to_string(fsdp::Precision::kBf16Mixed) == "bf16-mixed");
+
+  char tmpl[] = "/tmp/fsdp-precision-XXXXXX";
+  const fs::path dir = ::mkdtemp(tmpl);
+  {
+    auto o = opts();
+    o.precision = "bf16-true";
+    fsdp::Strategy s(o);
+    s.setup_environment({});
+    fsdp::FullyShardedSequential& m = s.setup_module(model(3));
+    for (const auto& [name, t] : m.full_state_dict()) EXPECT(t.scalar_type() == torch::kBFloat16);
+    {
+      const fsdp::Autocast context = s.forward_context();  // bf16-true: no autocast
+      EXPECT(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() == torch::kFloat32);
+    }
+    // A libckpt error crossing: a save under a path whose parent is a file.
+    std::ofstream(dir / "file") << "x";
+    std::optional<fsdp::Error> crossed;
+    try {
+      fsdp::State state{{"model", &m}};
+      s.save_checkpoint(dir / "file" / "ckpt", state);
+    } catch (const fsdp::Error& e) {
+      crossed = e;
+    }
+    EXPECT(crossed && crossed->kind() == fsdp::ErrorKind::kCheckpoint && crossed->file().has_value());
+  }
+  {
+    auto o = opts();
+    o.precision = "bf16-mixed";
+    fsdp::Strategy s(o);
+    s.setup_environment({});
+    fsdp::FullyShardedSequential& m = s.setup_module(model(3));
+    for (const auto& [name, t] : m.full_state_dict()) EXPECT(t.scalar_type() == torch::kFloat32);
+    {
+      const fsdp::Autocast context = s.forward_context();
+      EXPECT(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() == torch::kBFloat16);
+    }
+    EXPECT(torch::mm(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() == torch::kFloat32);
+  }
+  fs::remove_all(dir);
+  return failures == before;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -329,6 +396,10 @@ int main(int argc, char** argv) {
   std::cout << (failures ? "FAIL " : "ok   ") << "the seed's errors, a sharded and a full save with a filter, strict and non-strict loads (world of one)\n";
   (failures ? failed : passed)++;
   (blas_threads() ? passed : failed)++;
+  const bool precision_ok = precision_and_error_kinds();
+  std::cout << (precision_ok ? "ok   " : "FAIL ")
+            << "precision parsed once: bf16-true converts the model, bf16-mixed autocasts in forward_context; errors say their kind\n";
+  (precision_ok ? passed : failed)++;
   char tmpl[] = "/tmp/fsdp-strategy2-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   ::setenv("FSDP_TEST_DIR", dir.c_str(), 1);

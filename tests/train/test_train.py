@@ -175,7 +175,7 @@ def same_curve(strategy, nproc=2, extra=(), rel=1e-4):
 
 def hybrid_shard():
     # 4 ranks as 2 replicas of 2 shards: the curve of 1 rank x 8; its checkpoint (written by the
-    # first replica) resumes under FULL_SHARD at 2 ranks; a mesh that does not fit is refused
+    # first replica) resumes under FULL_SHARD at 2 ranks; a mesh that does not fit is a usage error
     # before any rank starts.
     # (1e-5: the same sums in another order; a clipping norm counted once per replica misses it by 1e-4)
     same_curve("HYBRID_SHARD", nproc=4, extra=("--device-mesh", "2,2"), rel=1e-5)()
@@ -195,9 +195,9 @@ def hybrid_shard():
     assert sorted(lr) == list(range(7, 13)), sorted(lr)
     bad = [(st, l1[st], lr[st]) for st in lr if not close(l1[st], lr[st], 1e-5)]
     assert not bad, f"resumed losses differ: {bad}"
-    r = train("--steps", "2", "--sharding-strategy", "HYBRID_SHARD", "--device-mesh", "3,2", nproc=4, expect=1)
+    r = train("--steps", "2", "--sharding-strategy", "HYBRID_SHARD", "--device-mesh", "3,2", nproc=4, expect=2)
     assert "--device-mesh 3,2 does not fit 4 ranks" in r.stderr and "rank 0" not in r.stderr, r.stderr
-    r = train("--steps", "2", "--device-mesh", "1,2", nproc=2, expect=1)
+    r = train("--steps", "2", "--device-mesh", "1,2", nproc=2, expect=2)
     assert "--device-mesh is HYBRID_SHARD's" in r.stderr, r.stderr
 
 
@@ -519,14 +519,15 @@ def bad_data():
     open(f, "wb").write(bytes([1, 0, 2, 0, 44, 1] + [0] * 200))  # token 300 at byte offset 4
     r = train("--steps", "1", "--data", f, expect=1)
     assert "bad.bin: at byte offset 4: token 300 is not below the vocabulary size 256" in r.stderr, r.stderr
+    # Options that contradict each other are usage errors (exit 2), found before any rank starts.
     r = subprocess.run([a.train, "--steps", "1", "--n-embd", "30", "--n-head", "4"], capture_output=True, text=True)
-    assert r.returncode == 1, r.returncode
+    assert r.returncode == 2, r.returncode
     assert "not a multiple of --n-head" in r.stderr, r.stderr
     r = train("--steps", "1", "--resume", os.path.join(work, "nowhere"), expect=1)
     assert "not a complete checkpoint" in r.stderr, r.stderr
     # The CUDA-only settings: 16-mixed on the CPU is refused anywhere; --device cuda where this
     # build's LibTorch or this machine has no GPU (with one, it trains).
-    r = train("--steps", "1", "--precision", "16-mixed", expect=1)
+    r = train("--steps", "1", "--precision", "16-mixed", expect=2)
     assert "precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA" in r.stderr, r.stderr
     r = subprocess.run([a.train, "--steps", "1", "--device", "cuda", "-q"], capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
@@ -614,7 +615,7 @@ def model_script():
     # Refused before any rank starts: not a TorchScript file, and options a script cannot have.
     r = train("--model-script", a.text, "--steps", "1", expect=1)
     assert "not a TorchScript module" in r.stderr, r.stderr
-    r = train("--model-script", path, "--steps", "1", "--activation-checkpointing", nproc=2, expect=1)
+    r = train("--model-script", path, "--steps", "1", "--activation-checkpointing", nproc=2, expect=2)
     assert "one opaque module" in r.stderr and "rank" not in r.stderr, r.stderr
 
 

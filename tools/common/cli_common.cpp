@@ -76,6 +76,9 @@ std::optional<int> usage_errors(std::string_view program, const std::function<vo
   } catch (const CLI::Error& e) {
     std::cerr << program << ": error: " << e.what() << "\nRun with --help for more information.\n";
     return 2;
+  } catch (const UsageError& e) {
+    std::cerr << program << ": error: " << e.what() << "\nRun with --help for more information.\n";
+    return 2;
   }
   return std::nullopt;
 }

@@ -13,6 +13,7 @@
 
 #include "ckpt/dtype.hpp"
 #include "ckpt/ops/filter.hpp"
+#include "common/usage_error.hpp"
 
 namespace fsdp_tools {
 
@@ -48,8 +49,8 @@ struct WriteFlags {
 /// -q/--quiet and --json.
 void add_write_flags(CLI::App& app, WriteFlags& flags, const std::string& plan);
 
-/// Runs `translate` (options -> library options); a CLI::Error it throws is a usage error: printed
-/// as parse() prints one, and 2 is returned.
+/// Runs `translate` (options -> library options, checks across options); a CLI::Error or
+/// UsageError it throws is a usage error: printed as parse() prints one, and 2 is returned.
 std::optional<int> usage_errors(std::string_view program, const std::function<void()>& translate);
 
 /// Tests only: arms FSDP_TEST_CRASH_AT (ckpt/test_hooks.hpp) and returns FSDP_TEST_COPY_DELAY_MS

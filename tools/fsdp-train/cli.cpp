@@ -134,20 +134,25 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
 }
 
 void validate(TrainConfig& c) {
-  if (c.model_script.empty()) return;
+  if (c.model_script.empty()) {
+    if (c.model == "gpt" && c.n_head > 0 && c.n_embd % c.n_head != 0) {
+      throw fsdp_tools::UsageError("--n-embd " + std::to_string(c.n_embd) + " is not a multiple of --n-head " + std::to_string(c.n_head));
+    }
+    return;
+  }
   c.model = "script";
   // A script's forward is opaque: FSDP cannot run, wrap or recompute its parts one by one.
-  if (c.activation_checkpointing) throw std::runtime_error("--activation-checkpointing needs the model's blocks; a --model-script is one opaque module");
-  if (c.auto_wrap != "auto" && c.auto_wrap != "children") throw std::runtime_error("--auto-wrap " + c.auto_wrap + ": a --model-script is one FSDP unit (its forward is opaque)");
-  if (c.tie_weights) throw std::runtime_error("--tie-weights is for --model gpt; a --model-script ties what it ties");
+  if (c.activation_checkpointing) throw fsdp_tools::UsageError("--activation-checkpointing needs the model's blocks; a --model-script is one opaque module");
+  if (c.auto_wrap != "auto" && c.auto_wrap != "children") throw fsdp_tools::UsageError("--auto-wrap " + c.auto_wrap + ": a --model-script is one FSDP unit (its forward is opaque)");
+  if (c.tie_weights) throw fsdp_tools::UsageError("--tie-weights is for --model gpt; a --model-script ties what it ties");
 }
 
 std::optional<std::pair<int, int>> explicit_mesh(const TrainConfig& c, int world) {
   if (c.device_mesh.empty()) return std::nullopt;
-  if (c.sharding_strategy != "HYBRID_SHARD") throw std::runtime_error("--device-mesh is HYBRID_SHARD's; this run's --sharding-strategy is " + c.sharding_strategy);
+  if (c.sharding_strategy != "HYBRID_SHARD") throw fsdp_tools::UsageError("--device-mesh is HYBRID_SHARD's; this run's --sharding-strategy is " + c.sharding_strategy);
   int r = 0, s = 0;
   if (std::sscanf(c.device_mesh.c_str(), "%d,%d", &r, &s) != 2 || r < 1 || s < 1 || (world > 0 && r * s != world)) {
-    throw std::runtime_error("--device-mesh " + c.device_mesh + " does not fit " + std::to_string(world) +
+    throw fsdp_tools::UsageError("--device-mesh " + c.device_mesh + " does not fit " + std::to_string(world) +
                              " ranks (replicas x shards must equal the world size)");
   }
   return std::pair{r, s};

@@ -75,12 +75,12 @@ struct TrainConfig {
 std::unique_ptr<CLI::App> make_train_app(TrainConfig& c);
 
 /// Checks the options that only make sense together, before any rank starts, and derives what
-/// follows from them (--model-script makes the model "script"). Throws std::runtime_error.
+/// follows from them (--model-script makes the model "script"). Throws fsdp_tools::UsageError.
 void validate(TrainConfig& c);
 
 /// HYBRID_SHARD's mesh as --device-mesh gives it, (replicas, shards); std::nullopt without it
 /// (the strategy then shards within a machine and replicates across machines, as PyTorch does).
-/// Throws std::runtime_error when --device-mesh is given to another strategy, or does not fit a
+/// Throws fsdp_tools::UsageError when --device-mesh is given to another strategy, or does not fit a
 /// world of `world` ranks (0: not checked).
 std::optional<std::pair<int, int>> explicit_mesh(const TrainConfig& c, int world = 0);
 

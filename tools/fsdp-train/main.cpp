@@ -23,16 +23,23 @@ int main(int argc, char** argv) {
     const auto eq = kv.find('=');
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  const bool launch_here = config.nproc > 0 && !env.contains("FSDP_TRAIN_LAUNCHED");
   return fsdp_tools::run_tool("fsdp-train", [&] {
-    fsdp_train::validate(config);
-    fsdp_train::check_strategy(config);
-    if (config.nproc > 0 && !env.contains("FSDP_TRAIN_LAUNCHED")) {
-      if (env.contains("RANK") || env.contains("SLURM_PROCID")) {
-        throw std::runtime_error("--nproc starts ranks itself; it cannot be used under a launcher that set RANK or SLURM_PROCID");
-      }
-      fsdp_train::explicit_mesh(config, config.nproc);  // a bad mesh is refused before any rank starts
-      return fsdp_train::launch_local(config.nproc, argc, argv);
+    // Options that contradict each other, or that the strategy refuses: usage errors (exit 2),
+    // found before any rank starts.
+    if (auto code = fsdp_tools::usage_errors("fsdp-train", [&] {
+          fsdp_train::validate(config);
+          fsdp_train::check_strategy(config);
+          if (launch_here) {
+            if (env.contains("RANK") || env.contains("SLURM_PROCID")) {
+              throw fsdp_tools::UsageError("--nproc starts ranks itself; it cannot be used under a launcher that set RANK or SLURM_PROCID");
+            }
+            fsdp_train::explicit_mesh(config, config.nproc);
+          }
+        })) {
+      return *code;
     }
+    if (launch_here) return fsdp_train::launch_local(config.nproc, argc, argv);
     fsdp_tools::test_hooks_from_environment();  // tests only: FSDP_TEST_CRASH_AT kills a rank mid-save
     return fsdp_train::run_rank(config, env);
   });

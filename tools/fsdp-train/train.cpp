@@ -23,6 +23,7 @@
 
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/pickle.hpp"
+#include "common/usage_error.hpp"
 #include "fsdp-train/data.hpp"
 #include "fsdp-train/model.hpp"
 #include "fsdp/checkpoint.hpp"
@@ -322,15 +323,7 @@ class Trainer {
  private:
   static torch::nn::Sequential build_model(const TrainConfig& c) {
     torch::manual_seed(c.seed);
-    torch::nn::Sequential m = make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights, c.model_script});
-    if (c.precision == "bf16-true") {
-      if (auto script = std::dynamic_pointer_cast<fsdp::ScriptModuleImpl>(m->ptr(0))) {
-        script->cast_floating(torch::kBFloat16);  // its masks and indices keep their dtypes
-      } else {
-        m->to(torch::kBFloat16);
-      }
-    }
-    return m;
+    return make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights, c.model_script});
   }
 
   static fsdp::WrapPolicy wrap_policy(const TrainConfig& c) {
@@ -346,7 +339,7 @@ class Trainer {
   }
 
   static fsdp::MixedPrecision mixed_precision(const TrainConfig& c) {
-    fsdp::MixedPrecision mp = fsdp::mixed_precision_of(c.precision);
+    fsdp::MixedPrecision mp = fsdp::mixed_precision_of(fsdp::parse_precision(c.precision));
     // Explicit dtypes win over the precision's, as an explicit MixedPrecision does in Lightning.
     auto dtype = [](const std::string& name) -> std::optional<c10::ScalarType> {
       if (name.empty()) return std::nullopt;
@@ -358,9 +351,7 @@ class Trainer {
   }
 
   torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& y) {
-    // Lightning's bf16-mixed and 16-mixed: forward and loss under autocast on the device.
-    const auto dtype = fsdp::autocast_dtype_of(c_.precision);
-    fsdp::Autocast autocast(dtype.has_value(), device_.type(), dtype.value_or(c10::ScalarType::BFloat16));
+    const fsdp::Autocast context = strategy_.forward_context();  // bf16-mixed, 16-mixed: autocast
     const torch::Tensor logits = fsdp_.forward(x);
     // A script's vocabulary is its own; the data's tokens were checked against --vocab-size.
     if (logits.dim() != 3 || logits.size(0) != x.size(0) || logits.size(1) != x.size(1) || logits.size(2) != c_.vocab_size) {
@@ -649,7 +640,14 @@ class Trainer {
 
 }  // namespace
 
-void check_strategy(const TrainConfig& config) { fsdp::Strategy check(Trainer::strategy_options(config)); }
+void check_strategy(const TrainConfig& config) {
+  try {
+    fsdp::Strategy check(Trainer::strategy_options(config));
+  } catch (const fsdp::Error& e) {
+    if (e.kind() == fsdp::ErrorKind::kInvalidArgument) throw fsdp_tools::UsageError(e.what());
+    throw;
+  }
+}
 
 int run_rank(const TrainConfig& config, const std::map<std::string, std::string>& env) {
   install_stop_handlers();

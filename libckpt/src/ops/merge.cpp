@@ -11,7 +11,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <span>
 #include <unordered_map>
 
@@ -198,6 +197,8 @@ class Merger {
     check_selection();
     MergeResult r = o_.format == MergeFormat::kTorch ? torch(dry_run) : o_.format == MergeFormat::kHdf5 ? hdf5(dry_run) : safetensors(dry_run);
     check_casts(CastCheck::kReport);
+    r.operation = Operation::kMerge;
+    r.dry_run = dry_run;
     return r;
   }
 
@@ -494,7 +495,7 @@ class Merger {
     const std::uint64_t nbytes = l.tensor ? l.tensor->numel() * element_size(l.out) : 0;
     r.tensor_bytes += nbytes;
     if (!o_.report_entries) return;
-    MergedEntry e;
+    ResultEntry e;
     e.name = name ? *name : std::string(l.name);
     e.kind = l.kind == Leaf::kTensor ? "tensor" : l.kind == Leaf::kObject ? "object" : "meta";
     e.file = file;
@@ -633,23 +634,10 @@ class Merger {
                   key ? "no tensor is under the top-level key '" + *key + "' (see fsdp-ckpt-inspect for the entries)"
                       : std::string("no tensor is selected"));
     }
-    // Hugging Face's greedy split, in entry order: shard s is named[cuts[s], cuts[s + 1]).
-    std::vector<std::size_t> cuts{0};
-    std::uint64_t in_shard = 0;
-    for (std::size_t i = 0; i < named.size(); ++i) {
-      const std::uint64_t b = named[i].nbytes();
-      if (o_.max_shard_size && i > cuts.back() && in_shard + b > *o_.max_shard_size) {
-        cuts.push_back(i);
-        in_shard = 0;
-      }
-      in_shard += b;
-    }
-    cuts.push_back(named.size());
-    const std::size_t nshards = cuts.size() - 1;
     const bool dir = o_.max_shard_size.has_value();
     const std::vector<std::pair<std::string, std::string>> metadata{
         {"format", "pt"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}};
-
+    SafetensorsShardSet set = plan_safetensors_shards(std::move(named), o_.max_shard_size, metadata, output_.filename().string());
     struct Planned {
       std::string name;
       SafetensorsLayout layout;
@@ -657,45 +645,19 @@ class Merger {
     };
     std::vector<Planned> files;
     MergeResult result;
-    for (std::size_t s = 0; s < nshards; ++s) {
-      std::string fname = output_.filename().string();
-      if (dir) {
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
-        fname = nshards == 1 ? "model.safetensors" : buf;
-      }
-      // The entries move into the plan (all of them when there is one file), which gives each one's
-      // place in this shard back; a name given twice (by --key or a flattened path) is refused there.
-      std::vector<SafetensorsEntry> entries;
-      if (nshards == 1) {
-        entries = std::move(named);
-      } else {
-        entries.assign(std::make_move_iterator(named.begin() + static_cast<std::ptrdiff_t>(cuts[s])),
-                       std::make_move_iterator(named.begin() + static_cast<std::ptrdiff_t>(cuts[s + 1])));
-      }
-      Planned p{fname, plan_safetensors(std::move(entries), metadata, fname), {}};
+    for (SafetensorsShardSet::File& f : set.files) {
+      Planned p{f.name, std::move(f.layout), {}};
       p.leaves.reserve(p.layout.order.size());
       for (std::size_t i = 0; i < p.layout.order.size(); ++i) {
-        p.leaves.push_back(&leaves_[named_leaves[cuts[s] + p.layout.order[i]]]);
-        report(result, *p.leaves.back(), fname, &p.layout.entries[i].name);
+        p.leaves.push_back(&leaves_[named_leaves[f.first + p.layout.order[i]]]);
+        report(result, *p.leaves.back(), p.name, &p.layout.entries[i].name);
       }
-      result.files.push_back({dir ? output_ / fname : output_, p.layout.size, p.leaves.size()});
+      result.files.push_back({dir ? output_ / p.name : output_, p.layout.size, p.leaves.size()});
       files.push_back(std::move(p));
     }
-    std::vector<SafetensorsEntry>().swap(named);  // moved into the plans
     std::vector<std::uint32_t>().swap(named_leaves);
-    std::string index;
-    if (dir && files.size() > 1) {
-      nlohmann::ordered_json j;
-      j["metadata"]["total_size"] = result.tensor_bytes;
-      std::map<std::string, std::string> weight_map;
-      for (const Planned& p : files) {
-        for (const auto& e : p.layout.entries) weight_map[e.name] = p.name;
-      }
-      j["weight_map"] = weight_map;
-      index = j.dump(2, ' ', true) + "\n";
-      result.files.push_back({output_ / "model.safetensors.index.json", index.size(), 0});
-    }
+    const std::string index = std::move(set.index);
+    if (!index.empty()) result.files.push_back({output_ / kSafetensorsIndexName, index.size(), 0});
     result.dropped = dropped_;
     note_left_out("safetensors");
     if (dry_run) return result;
@@ -717,7 +679,7 @@ class Merger {
         sink->commit();
       }
       if (!index.empty()) {
-        auto sink = open_file_sink(into / "model.safetensors.index.json", Overwrite::kNo);
+        auto sink = open_file_sink(into / kSafetensorsIndexName, Overwrite::kNo);
         sink->write(index.data(), index.size());
         sink->commit();
       }

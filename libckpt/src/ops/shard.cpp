@@ -5,19 +5,16 @@
 
 #include <algorithm>
 #include <deque>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
-#include <thread>
 
 #include "ckpt/cast.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/formats/torch_save.hpp"
 #include "ckpt/ops/validate.hpp"
 #include "ckpt/sharding.hpp"
+#include "formats/dcp/group_commit.hpp"
 #include "formats/dcp/write_plan.hpp"
 #include "io/outputs.hpp"
 #include "memory.hpp"
@@ -53,6 +50,7 @@ class Sharder {
     selection_.conclude(c_.root.string(), selection_.selected(), false, {}, o_.progress);
     place();
     ShardResult result = describe();
+    result.dry_run = dry_run;
     detail::give_back_freed_memory();  // the input's parse, placing's order (NOTE [Giving freed memory back])
     if (dry_run) return result;
     write(result);
@@ -386,7 +384,11 @@ class Sharder {
     plan_.compression = o_.compression;
     plan_.zstd_level = o_.zstd_level;
     ShardResult r;
+    r.operation = Operation::kShard;
     r.world_size = o_.world_size;
+    r.process_index = o_.process_index;
+    r.process_count = o_.process_count;
+    r.compressed = o_.compression == DcpCompression::kZstd;
     r.dropped = dropped_;
     // A chunk's elements are made from the plan's box and dtype and the planned tensor's source.
     plan_.add_tasks = [this](std::vector<CopyTask>& tasks, std::size_t tensor, std::size_t chunk, std::uint64_t base, std::size_t group,
@@ -406,7 +408,7 @@ class Sharder {
           continue;
         }
         const detail::DcpPlanTensor& t = plan_.tensors[code];
-        ShardedEntry out{std::string(t.fqn), "tensor", t.dtype, t.shape, nbytes(t), {}};
+        ResultEntry out{std::string(t.fqn), "tensor", t.dtype, t.shape, nbytes(t), {}};
         for (std::size_t k = 0; k < t.chunk_count; ++k) {
           const detail::DcpPlanChunk c = plan_.chunks.get(t, k);
           out.chunks.push_back({c.rank, Dims(c.offsets), Dims(c.sizes)});
@@ -428,109 +430,20 @@ class Sharder {
 
   // ---- writing -----------------------------------------------------------------------------
 
-  std::string fingerprint() const {
-    std::ostringstream s;
-    s << c_.root.string() << '|' << o_.world_size << '|' << o_.files_per_rank << '|' << static_cast<int>(o_.compression) << '|'
-      << o_.process_count;
-    for (const auto& t : plan_.tensors) {
-      s << '|' << t.fqn << ':' << name(t.dtype);
-      for (std::size_t k = 0; k < t.chunk_count; ++k) {
-        const detail::DcpPlanChunk ch = plan_.chunks.get(t, k);
-        s << ':' << ch.rank << '@' << detail::shape_text(ch.offsets) << detail::shape_text(ch.sizes);
-      }
-    }
-    for (const auto& o : plan_.objects) s << '|' << o.fqn << ':' << o.rank << ':' << o.item->size();
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(s.str()));
-    return hex;
-  }
-
-  static std::string done_marker(int p) { return ".shard-done." + std::to_string(p); }
-  static std::string failed_marker(int p) { return ".shard-failed." + std::to_string(p); }
-
-  void write_marker(const std::filesystem::path& dir, const std::string& name, const nlohmann::json& j) const {
-    const std::string text = j.dump();
-    auto sink = open_file_sink(dir / name, Overwrite::kYes);
-    sink->write(text.data(), text.size());
-    sink->commit();
-  }
-
-  static nlohmann::json items_json(const std::vector<detail::DcpItem>& items) {
-    nlohmann::json a = nlohmann::json::array();
-    for (const auto& it : items) {
-      nlohmann::json x{{"fqn", it.fqn}, {"chunk", it.chunk_index}, {"file", it.file}, {"offset", it.offset}, {"length", it.length}};
-      x["offsets"] = it.tensor ? nlohmann::json(std::vector<std::int64_t>(it.offsets.begin(), it.offsets.end())) : nlohmann::json(nullptr);
-      a.push_back(std::move(x));
-    }
-    return a;
-  }
-
-  static std::optional<nlohmann::json> read_marker(const std::filesystem::path& p) {
-    std::ifstream in(p);
-    if (!in) return std::nullopt;
-    try {
-      return nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception&) {
-      return std::nullopt;  // still being written by a process that is not atomic (never ours)
-    }
-  }
-
-  // Process 0: every other process's items, once each has finished; throws when one failed or
-  // did not finish in time.
-  std::vector<detail::DcpItem> wait_for_others(const std::filesystem::path& dir, const std::string& fp) {
-    std::vector<detail::DcpItem> items;
-    const auto deadline = std::chrono::steady_clock::now() + o_.timeout;
-    for (int p = 1; p < o_.process_count; ++p) {
-      for (;;) {
-        if (auto f = read_marker(dir / failed_marker(p)); f && f->value("plan", "") == fp) {
-          throw Error(ErrorKind::kIo, dir.string(), std::nullopt,
-                      "process " + std::to_string(p) + " of " + std::to_string(o_.process_count) + " failed (" + f->value("error", "") +
-                          "); no .metadata was written");
-        }
-        if (auto d = read_marker(dir / done_marker(p)); d && d->value("plan", "") == fp) {
-          for (const auto& x : (*d)["items"]) {
-            // The item's names and offsets are kept here: the item views them.
-            others_.names.push_back(x["fqn"].get<std::string>());
-            others_.names.push_back(x["file"].get<std::string>());
-            const std::string& file = others_.names.back();
-            const std::string& fqn = others_.names[others_.names.size() - 2];
-            detail::DcpItem it{fqn, false, {}, x["chunk"], file, x["offset"], x["length"]};
-            if (!x["offsets"].is_null()) {
-              it.tensor = true;
-              it.offsets = others_.offsets.emplace_back(x["offsets"].get<std::vector<std::int64_t>>());
-            }
-            items.push_back(it);
-          }
-          break;
-        }
-        if (cancel_requested()) throw Error(ErrorKind::kCancelled, dir.string(), std::nullopt, "interrupted; no .metadata was written");
-        if (std::chrono::steady_clock::now() > deadline) {
-          throw Error(ErrorKind::kIo, dir.string(), std::nullopt,
-                      "process " + std::to_string(p) + " of " + std::to_string(o_.process_count) + " did not finish within " +
-                          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.timeout).count()) +
-                          " s (no completion marker); no .metadata was written");
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
-    return items;
-  }
-
   void write(ShardResult& result) {
     const bool distributed = o_.process_count > 1;
     std::filesystem::path dir = output_;
     dir += ".partial";
+    // Several processes meet in `dir` (NOTE [Several processes, one DCP]); one builds it alone.
+    detail::DcpGroupCommit group(dir, o_.process_index, o_.process_count,
+                                 distributed ? detail::dcp_plan_fingerprint(plan_, c_.root.string(), o_.process_count) : std::string(),
+                                 o_.timeout);
     if (distributed) {
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      if (ec) throw Error(ErrorKind::kIo, dir.string(), std::nullopt, "cannot create the output directory: " + ec.message());
-      std::filesystem::remove(dir / done_marker(o_.process_index), ec);
-      std::filesystem::remove(dir / failed_marker(o_.process_index), ec);
+      group.begin();
     } else {
       detail::prepare_output(output_, OutputKind::kDcpDirectory, o_.overwrite, o_.progress);
       dir = detail::fresh_dir(output_, ".partial");
     }
-    const std::string fp = distributed ? fingerprint() : std::string();  // the plan's, which the processes compare
     // This process's files: all of them (no copy) unless processes share the work.
     std::vector<detail::DcpFilePlan> some_files;
     for (const auto& f : files_) {
@@ -549,26 +462,26 @@ class Sharder {
     } catch (const std::exception& e) {
       std::error_code ec;
       if (distributed) {
-        write_marker(dir, failed_marker(o_.process_index), {{"plan", fp}, {"error", e.what()}});
+        group.failed(e.what());
       } else {
         std::filesystem::remove_all(dir, ec);
       }
       throw;
     }
     // Sizes as written (compressed files differ from the plan).
-    for (ShardedFile& f : result.files) {
+    for (ResultFile& f : result.files) {
       std::error_code ec;
       if (f.written_here && f.path.parent_path() == output_ && f.path.extension() == ".distcp") {
         f.size = std::filesystem::file_size(dir / f.path.filename(), ec);
       }
     }
     if (o_.process_index != 0) {
-      write_marker(dir, done_marker(o_.process_index), {{"plan", fp}, {"items", items_json(items)}});
+      group.done(items);
       return;
     }
     std::size_t nitems = 0;
     try {
-      std::vector<detail::DcpItem> others = wait_for_others(dir, fp);
+      std::vector<detail::DcpItem> others = group.wait_for_others();
       items.insert(items.end(), std::make_move_iterator(others.begin()), std::make_move_iterator(others.end()));
       nitems = items.size();
       if (from_plan) {
@@ -602,7 +515,7 @@ class Sharder {
       throw;
     }
     std::error_code ec;
-    for (ShardedFile& f : result.files) {
+    for (ResultFile& f : result.files) {
       if (!f.written_here) f.size = std::filesystem::file_size(f.path, ec);
     }
     result.files.push_back({output_ / ".metadata", std::filesystem::file_size(output_ / ".metadata", ec), nitems, true});
@@ -629,10 +542,6 @@ class Sharder {
   detail::PassingCrcs crcs_;
   detail::DcpPlan plan_;
   std::vector<detail::DcpFilePlan> files_;
-  struct {
-    std::deque<std::string> names;  // FQNs and file names of the other processes' items (a deque: they never move)
-    std::deque<std::vector<std::int64_t>> offsets;
-  } others_;
 };
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdp/precision.hpp"
 #include "fsdp/process_group.hpp"
 
 namespace torch::autograd {
@@ -139,44 +140,6 @@ class FlatUnit {
   PendingCollective reduction_;                ///< start_reduction()'s reduce-scatter
   torch::Tensor reduced_;                      ///< its output: this rank's slice
 };
-
-/// FSDP's MixedPrecision. param_dtype: parameters are gathered and computed with in it, the
-/// shards (what the optimizer steps) keep theirs. reduce_dtype: gradients are cast to it for the
-/// reduction (half the bytes on the wire for bfloat16) and back to the shard's dtype after; unset,
-/// it is param_dtype's (as FSDP's). buffer_dtype: the model's buffers are cast to it. Lightning's
-/// "bf16-mixed" is reduce and buffer bfloat16 with float32 parameters and autocast compute
-/// (the caller's), "bf16-true" a model converted before wrapping.
-struct MixedPrecision {
-  std::optional<c10::ScalarType> param_dtype;
-  std::optional<c10::ScalarType> reduce_dtype;
-  std::optional<c10::ScalarType> buffer_dtype;
-};
-
-/// The forward context of Lightning's mixed precisions: while it lives (and `on`), forward runs
-/// under autocast to `dtype` on `device` (CPU or CUDA); when it ends, autocast is as it was and
-/// its cache is cleared. bf16-mixed: bfloat16, on either; 16-mixed: float16, on CUDA.
-class Autocast {
- public:
-  explicit Autocast(bool on, c10::DeviceType device = c10::DeviceType::CPU, c10::ScalarType dtype = c10::ScalarType::BFloat16);
-  ~Autocast();
-  Autocast(const Autocast&) = delete;
-  Autocast& operator=(const Autocast&) = delete;
-
- private:
-  bool on_;
-  c10::DeviceType device_;
-  bool was_enabled_ = false;
-  c10::ScalarType was_dtype_ = c10::ScalarType::BFloat16;
-};
-
-/// The autocast dtype of a precision name: bfloat16 for bf16-mixed, float16 for 16-mixed,
-/// nothing for the others (no autocast).
-std::optional<c10::ScalarType> autocast_dtype_of(std::string_view precision);
-
-/// The MixedPrecision a precision name implies for the units: bfloat16 reduction for
-/// "bf16-mixed" and "bf16-true" (whose model the caller converts), float16 for "16-mixed" (as
-/// Lightning's FSDPPrecision), nothing for "32-true".
-MixedPrecision mixed_precision_of(std::string_view precision);
 
 /// A Sequential that can be a child of a Sequential (LibTorch's own cannot: its forward is a
 /// template, which AnyModule refuses): one tensor in, each child's output the next one's input,

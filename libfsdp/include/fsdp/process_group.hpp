@@ -19,13 +19,9 @@
 #include <string_view>
 #include <vector>
 
-namespace fsdp {
+#include "fsdp/error.hpp"
 
-/// What libfsdp throws: a message meant for the user, naming the rank and the operation.
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace fsdp {
 
 enum class Backend { kGloo, kNccl };
 std::string_view to_string(Backend backend) noexcept;

@@ -46,10 +46,11 @@ struct StrategyOptions {
   std::optional<Backend> process_group_backend;  ///< default: gloo on the CPU, nccl on CUDA
   std::chrono::milliseconds timeout = kDefaultTimeout;
   bool cpu_offload = false;
-  /// Explicit reduce dtype; otherwise from `precision`.
+  /// The units' MixedPrecision, used as given; unset: the one `precision` implies.
   std::optional<MixedPrecision> mixed_precision;
-  /// 32-true, bf16-mixed (bfloat16 gradient reduction; the caller computes under autocast),
-  /// bf16-true (the caller converts the model), 16-mixed (float16 with a gradient scaler: CUDA only).
+  /// Lightning's precision (fsdp/precision.hpp): 32-true; bf16-mixed (bfloat16 gradient
+  /// reduction, forward under forward_context()'s autocast); bf16-true (setup_module converts the
+  /// model); 16-mixed (float16 autocast with a gradient scaler: CUDA only).
   std::string precision = "32-true";
   std::optional<WrapPolicy> auto_wrap_policy;
   /// Which modules run under activation checkpointing, in auto_wrap_policy's forms (by path, by
@@ -114,7 +115,9 @@ class Strategy {
   c10::Device root_device();
 
   /// Wraps `module` into FSDP units by the policy, sharded by the strategy, activation
-  /// checkpointing applied. The strategy owns the result.
+  /// checkpointing applied; under a *-true precision the model is converted first (the deferred
+  /// form converts each child as it is made; a model wrapped already is left as it is). The
+  /// strategy owns the result.
   FullyShardedSequential& setup_module(torch::nn::Sequential module);
   /// module_init_context(empty_init=True)'s counterpart: the model as its children's makers, each
   /// made when the model reaches it and its unit sharded before the next child is made
@@ -163,6 +166,11 @@ class Strategy {
 
   const StrategyOptions& options() const noexcept { return options_; }
   ShardingStrategy sharding_strategy() const noexcept { return sharding_; }
+  Precision precision() const noexcept { return precision_; }
+  /// The precision plugin's forward context: autocast to bfloat16 (bf16-mixed) or float16
+  /// (16-mixed) on the root device while it lives; nothing for the other precisions. Run forward
+  /// and the loss inside it. After setup_environment.
+  Autocast forward_context();
 
  private:
   void warn(const std::string& message);
@@ -173,6 +181,7 @@ class Strategy {
   c10::DeviceType device_type_ = c10::DeviceType::CPU;  ///< the accelerator's
   std::optional<c10::Device> root_device_;           ///< set by setup_environment
   ShardingStrategy sharding_;
+  Precision precision_ = Precision::k32True;
   std::unique_ptr<ProcessGroup> owned_group_;
   ProcessGroup* group_ = nullptr;
   std::unique_ptr<DeviceMesh> mesh_;

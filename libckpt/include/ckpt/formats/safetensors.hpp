@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -89,6 +90,25 @@ SafetensorsLayout plan_safetensors(std::vector<SafetensorsEntry> entries,
 /// size that does not match the shape, or a duplicate name. The sink is not committed.
 void write_safetensors(ByteSink& sink, std::vector<SafetensorsEntry> entries,
                        const std::vector<std::pair<std::string, std::string>>& metadata = {});
+
+/// A Hugging Face shard set planned: files of at most `max_shard_size` bytes of tensor data,
+/// split greedily in entry order (a tensor larger than the bound alone in its file), named
+/// `model-0000s-of-0000n.safetensors` (`model.safetensors` when one file is enough), and the
+/// `model.safetensors.index.json` that names each tensor's file. Without `max_shard_size`: one
+/// file named `single_name`.
+struct SafetensorsShardSet {
+  struct File {
+    std::string name;
+    std::size_t first = 0;     ///< its entries are the planned entries [first, first + layout.order.size())
+    SafetensorsLayout layout;  ///< layout.order indexes those entries
+  };
+  std::vector<File> files;
+  std::string index;           ///< the index's text; empty for one file
+};
+inline constexpr const char* kSafetensorsIndexName = "model.safetensors.index.json";
+SafetensorsShardSet plan_safetensors_shards(std::vector<SafetensorsEntry> entries, std::optional<std::uint64_t> max_shard_size,
+                                            const std::vector<std::pair<std::string, std::string>>& metadata,
+                                            const std::string& single_name);
 
 /// Opens a safetensors file into the index: one raw chunk per tensor, `__metadata__` as metadata.
 Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path);

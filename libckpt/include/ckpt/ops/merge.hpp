@@ -21,6 +21,7 @@
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/copy.hpp"
 #include "ckpt/ops/filter.hpp"
+#include "ckpt/ops/result.hpp"
 #include "ckpt/progress.hpp"
 
 namespace ckpt {
@@ -49,28 +50,8 @@ struct MergeOptions {
   unsigned task_delay_ms = 0;                 ///< tests only (CopyOptions::task_delay_ms)
 };
 
-/// One entry of the output.
-struct MergedEntry {
-  std::string name;          ///< FQN, or the meta.pt key
-  std::string kind;          ///< "tensor", "object" (a bytes item), "meta" (a meta.pt key)
-  std::optional<DType> dtype;
-  std::vector<std::int64_t> shape;
-  std::uint64_t nbytes = 0;  ///< tensors: in the output dtype
-  std::string file;          ///< the output file it goes to (its name)
-};
-
-struct MergedFile {
-  std::filesystem::path path;
-  std::uint64_t size = 0;
-  std::size_t tensors = 0;
-};
-
-struct MergeResult {
-  std::vector<MergedEntry> entries;  ///< in output order (MergeOptions::report_entries)
-  std::vector<MergedFile> files;
-  std::size_t dropped = 0;           ///< entries the filters, --model-only or --key left out
-  std::uint64_t tensor_bytes = 0;
-};
+/// What merge planned or wrote (ckpt/ops/result.hpp).
+using MergeResult = WriteResult;
 
 /// Plans the merge of `input` into `output` and, unless `dry_run`, writes it atomically (see
 /// NOTE [Atomic outputs]; a directory output is built under a temporary name and renamed). Throws

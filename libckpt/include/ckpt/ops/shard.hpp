@@ -42,6 +42,7 @@
 #include "ckpt/copy.hpp"
 #include "ckpt/formats/dcp.hpp"
 #include "ckpt/ops/filter.hpp"
+#include "ckpt/ops/result.hpp"
 #include "ckpt/progress.hpp"
 
 namespace ckpt {
@@ -75,36 +76,8 @@ struct ShardOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  ///< process 0's wait for the others
 };
 
-struct ShardChunk {
-  int rank = 0;
-  std::vector<std::int64_t> offsets, sizes;
-};
-
-/// One entry of the output.
-struct ShardedEntry {
-  std::string name;           ///< FQN, or the meta.pt key
-  std::string kind;           ///< "tensor", "object" (a bytes item), "meta" (a meta.pt key)
-  std::optional<DType> dtype;
-  std::vector<std::int64_t> shape;
-  std::uint64_t nbytes = 0;   ///< tensors: in the output dtype
-  std::vector<ShardChunk> chunks;  ///< tensors: in .metadata order; objects: one, whose rank holds it
-};
-
-struct ShardedFile {
-  std::filesystem::path path;
-  std::uint64_t size = 0;     ///< uncompressed size in a plan; what was written otherwise
-  std::size_t items = 0;
-  bool written_here = true;   ///< distributed: whether this process wrote it
-};
-
-struct ShardResult {
-  std::vector<ShardedEntry> entries;  ///< in output order (ShardOptions::report_entries)
-  std::vector<ShardedFile> files;
-  int world_size = 0;
-  std::size_t dropped = 0;            ///< entries the filters left out
-  std::uint64_t tensor_bytes = 0;
-  bool committed = false;             ///< this process wrote .metadata (process 0, not a dry run)
-};
+/// What shard planned or wrote (ckpt/ops/result.hpp).
+using ShardResult = WriteResult;
 
 /// Plans the shard of `input` into the DCP directory `output` and, unless `dry_run`, writes it:
 /// data files, then `.metadata` last, in `<output>.partial`, renamed into place. Throws

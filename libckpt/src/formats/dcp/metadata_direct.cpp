@@ -372,7 +372,7 @@ class DirectReader {
       guess_ = false;
       guess_limit_ = memo_count_;
       guessed_ = memo_.size();
-      get_ways_ = {};
+      cached_gets_ = {};
     }
     rank_.assign(words.size() + 1, 0);
     for (std::size_t w = 0; w < words.size(); ++w) rank_[w + 1] = rank_[w] + static_cast<std::uint32_t>(ones(words[w]));
@@ -925,15 +925,15 @@ class DirectReader {
     }
     // A glance GETs the same few indices (a class, field names, torch.Size) again and again: their
     // slots are remembered, 16 ways by the index's low bits (a slot depends only on the index).
-    GetWay& way = get_ways_[index & 15];
-    if (way.index != index) way = GetWay{index, memo_slot(index)};
+    CachedGet& way = cached_gets_[index & 15];
+    if (way.index != index) way = CachedGet{index, memo_slot(index)};
     return way.slot == kNoSlot || memo_[way.slot].tag == Tag::kUnset ? nullptr : &memo_[way.slot];
   }
-  struct GetWay {
+  struct CachedGet {
     std::uint64_t index = ~std::uint64_t{0};
     std::size_t slot = kNoSlot;
   };
-  mutable std::array<GetWay, 16> get_ways_{};
+  mutable std::array<CachedGet, 16> cached_gets_{};
   template <std::size_t N>
   bool run_at(std::size_t i, const std::uint8_t (&run)[N]) const {
     return pickle::run_at(p0_, i, n_, run);
@@ -1362,13 +1362,13 @@ class DirectReader {
 
   // What step() does with each opcode byte, as a dense number: a switch on it is one jump table
   // (a switch on the opcode bytes themselves compiled to a chain of compares).
-  enum Do : std::uint8_t {
+  enum Action : std::uint8_t {
     kRefuse, kStopOp, kProtoOp, kFrameOp, kMarkOp, kEmptyTupleOp, kTuple1Op, kTuple2Op, kTuple3Op, kTupleOp, kEmptyListOp,
     kEmptyDictOp, kAppendOp, kAppendsOp, kSetItemOp, kSetItemsOp, kNoneOp, kTrueOp, kFalseOp, kInt1Op, kInt2Op, kInt4Op,
     kLong1Op, kLong4Op, kFloatOp, kStr1Op, kStr4Op, kStr8Op, kBytes1Op, kBytes4Op, kBytes8Op, kGlobalOp, kStackGlobalOp,
     kReduceOp, kNewObjOp, kBuildOp, kPut1Op, kPut4Op, kMemoizeOp, kGet1Op, kGet4Op,
   };
-  static constexpr std::array<std::uint8_t, 256> kDo = [] {
+  static constexpr std::array<std::uint8_t, 256> kActionOf = [] {
     std::array<std::uint8_t, 256> t{};  // kRefuse: every other opcode is the tree reader's to accept or refuse
     t[op::kStop] = kStopOp, t[op::kProto] = kProtoOp, t[op::kFrame] = kFrameOp, t[op::kMark] = kMarkOp;
     t[op::kEmptyTuple] = kEmptyTupleOp, t[op::kTuple1] = kTuple1Op, t[op::kTuple2] = kTuple2Op, t[op::kTuple3] = kTuple3Op;
@@ -1423,7 +1423,7 @@ class DirectReader {
 
   // Runs the opcode at i - 1 (its operands from i); returns where the next one is.
   [[gnu::always_inline]] std::size_t step(std::uint8_t code, std::size_t i) {
-    switch (kDo[code]) {
+    switch (kActionOf[code]) {
       case kProtoOp:
         if (operand<1>(i) > 5) decline();
         return i + 1;
@@ -1583,10 +1583,10 @@ constexpr std::size_t kBesideBelow = std::size_t{16} << 20;
 
 namespace {
 // Stops the feed's builder and joins the thread that serves it (and ran the first pass, beside).
-struct Join {
+struct JoinBuilderAtExit {
   std::thread& t;
   BuilderFeed& feed;
-  ~Join() {
+  ~JoinBuilderAtExit() {
     feed.close();
     if (t.joinable()) t.join();
   }
@@ -1616,7 +1616,7 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
       BuilderFeed feed(threaded);
       std::thread builder;
       if (threaded) builder = std::thread([&] { feed.serve(); });
-      Join join{builder, feed};
+      JoinBuilderAtExit join{builder, feed};
       DirectReader reader(bytes, source, out, release, feed);
       reader.run(referenced);
       if (stats) *stats = reader.stats();
@@ -1641,7 +1641,7 @@ bool read_dcp_metadata_direct(std::span<const std::byte> bytes, const std::strin
           feed.serve();
         });
       }
-      Join join{first, feed};
+      JoinBuilderAtExit join{first, feed};
       try {
         DirectReader reader(bytes, source, out, release, feed);
         reader.run_beside(settled, referenced, options.settle_at);
