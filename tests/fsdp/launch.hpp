@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The multi-process tests' launcher: runs this very binary as the ranks of a case, with RANK,
-// WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them, on a free loopback port.
+// WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them, on a free loopback port; and
+// the modes a test binary runs in besides Catch2's session (catch_rank_main.cpp): `rank CASE`,
+// what launch_ranks starts, and any other a test file registers with a Mode.
 #pragma once
 
 #include <netinet/in.h>
@@ -9,6 +11,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,5 +55,22 @@ inline bool launch_ranks(const std::string& case_name, int world) {
   }
   return ok;
 }
+
+/// Ends this test case as skipped: CTest runs one case a process and reports exit 77 as skipped.
+[[noreturn]] inline void skip(const std::string& why) {
+  std::cout << "SKIPPED: " << why << std::endl;
+  std::exit(77);
+}
+
+/// `BINARY NAME ARG` runs the function registered under NAME with ARG; its return is the exit status.
+using ModeFn = std::function<int(const std::string& arg)>;
+inline std::map<std::string, ModeFn>& modes() {
+  static std::map<std::string, ModeFn> m;
+  return m;
+}
+/// Registers a mode at static initialisation: `const fsdp_test::Mode kRank{"rank", rank_main};`.
+struct Mode {
+  Mode(const std::string& name, ModeFn f) { modes().emplace(name, std::move(f)); }
+};
 
 }  // namespace fsdp_test

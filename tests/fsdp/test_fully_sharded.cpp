@@ -6,6 +6,8 @@
 // test_process_group, the binary runs itself as the ranks of each case.
 #include <torch/torch.h>
 
+#include <catch2/catch.hpp>
+
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -421,129 +423,101 @@ bool save_then_resume(const char* first, int first_world, const char* first_mesh
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  torch::set_num_threads(1);
-  if (argc == 3 && std::string(argv[1]) == "rank") {
-    try {
-      return rank_main(argv[2]);
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << std::getenv("RANK") << ": " << e.what() << "\n";
-      return 1;
-    }
-  }
-  if (argc == 3 && std::string(argv[1]) == "save") {
-    // For the PyTorch interop test: sharded checkpoints at world size 2, 3 and 4 (HYBRID_SHARD on a
-    // 2 x 2 mesh), and the reference.
-    const std::string out = argv[2];
-    save_reference(out + "/reference.pt");
-    bool ok = true;
-    struct Case {
-      std::string strategy;
-      int world;
-      const char* mesh;
-    };
-    for (const auto& [strategy, world, mesh] : std::vector<Case>{{"FULL_SHARD", 2, nullptr}, {"SHARD_GRAD_OP", 3, nullptr}, {"HYBRID_SHARD", 4, "2,2"}}) {
-      ::setenv("FSDP_TEST_SAVE_DIR", (out + "/" + strategy + "_w" + std::to_string(world)).c_str(), 1);
-      if (mesh) ::setenv("FSDP_TEST_MESH", mesh, 1);
-      ok = fsdp_test::launch_ranks(strategy, world) && ok;
-      ::unsetenv("FSDP_TEST_MESH");
-    }
-    return ok ? 0 : 1;
-  }
-  int passed = 0, failed = 0;
-  {
-    // Resume at another world size: 3 steps at world size 2 (FULL_SHARD), saved; loaded at world
-    // size 3 (SHARD_GRAD_OP) for the last 2 steps; equal to 5 single-process steps.
-    const bool ok = save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3);
-    std::cout << (ok ? "ok   " : "FAIL ") << "3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps\n";
-    (ok ? passed : failed)++;
-  }
-  {
-    const bool ok = fsdp_test::launch_ranks("scaler", 2);
-    std::cout << (ok ? "ok   " : "FAIL ")
-              << "ShardedGradScaler at world size 2: an inf in one rank's slice skips the step on both ranks and halves the scale, 2 clean "
-                 "steps double it; equals single-process SGD without the skipped step\n";
-    (ok ? passed : failed)++;
-  }
-  for (const char* prefetch : {"none", "forward"}) {
-    ::setenv("FSDP_TEST_PREFETCH", prefetch, 1);
-    const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 3);
-    ::unsetenv("FSDP_TEST_PREFETCH");
-    std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 3, prefetching " << (std::string(prefetch) == "none" ? "nothing" : "forward and backward")
-              << " (the default: backward), equals single-process training\n";
-    (ok ? passed : failed)++;
-  }
-  for (const char* strategy : {"FULL_SHARD", "NO_SHARD"}) {
-    ::setenv("FSDP_TEST_PARAM_DTYPE", "1", 1);
-    const bool ok = fsdp_test::launch_ranks(strategy, 2);
-    ::unsetenv("FSDP_TEST_PARAM_DTYPE");
-    std::cout << (ok ? "ok   " : "FAIL ") << strategy << " at world size 2 with param_dtype bfloat16 (float32 shards) equals the same arithmetic in one process\n";
-    (ok ? passed : failed)++;
-  }
-  {
-    ::setenv("FSDP_TEST_CHECKPOINT", "1", 1);
-    const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
-    ::unsetenv("FSDP_TEST_CHECKPOINT");
-    std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 2 with activation checkpointing (each child run again in backward) equals single-process training\n";
-    (ok ? passed : failed)++;
-  }
-  {
-    ::setenv("FSDP_TEST_DEFERRED", "1", 1);
-    ::setenv("FSDP_TEST_NESTED", "types", 1);
-    const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
-    ::unsetenv("FSDP_TEST_NESTED");
-    ::unsetenv("FSDP_TEST_DEFERRED");
-    std::cout << (ok ? "ok   " : "FAIL ")
-              << "FULL_SHARD at world size 2 with deferred initialization of the nested model, its Chain opened by type, equals "
-                 "single-process training\n";
-    (ok ? passed : failed)++;
-  }
-  for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP"}) {
-    ::setenv("FSDP_TEST_DEFERRED", "1", 1);
-    const bool ok = fsdp_test::launch_ranks(strategy, 2);
-    ::unsetenv("FSDP_TEST_DEFERRED");
-    std::cout << (ok ? "ok   " : "FAIL ") << strategy
-              << " at world size 2 with deferred initialization (each child made after the units before it are sharded) equals "
-                 "single-process training\n";
-    (ok ? passed : failed)++;
-  }
-  for (const char* mesh : {"2,2", "2,1", "1,3"}) {
-    // HYBRID_SHARD: sharded within a replica, averaged across replicas (2,1: replication alone).
-    ::setenv("FSDP_TEST_MESH", mesh, 1);
-    const int world = std::atoi(mesh) * std::atoi(std::strchr(mesh, ',') + 1);
-    const bool ok = fsdp_test::launch_ranks("HYBRID_SHARD", world);
+// For the PyTorch interop test (interop.fsdp_checkpoint): `BINARY save OUT` writes sharded
+// checkpoints at world size 2, 3 and 4 (HYBRID_SHARD on a 2 x 2 mesh), and the reference.
+const fsdp_test::Mode kSave{"save", [](const std::string& out) {
+  save_reference(out + "/reference.pt");
+  bool ok = true;
+  struct Case {
+    std::string strategy;
+    int world;
+    const char* mesh;
+  };
+  for (const auto& [strategy, world, mesh] : std::vector<Case>{{"FULL_SHARD", 2, nullptr}, {"SHARD_GRAD_OP", 3, nullptr}, {"HYBRID_SHARD", 4, "2,2"}}) {
+    ::setenv("FSDP_TEST_SAVE_DIR", (out + "/" + strategy + "_w" + std::to_string(world)).c_str(), 1);
+    if (mesh) ::setenv("FSDP_TEST_MESH", mesh, 1);
+    ok = fsdp_test::launch_ranks(strategy, world) && ok;
     ::unsetenv("FSDP_TEST_MESH");
-    std::cout << (ok ? "ok   " : "FAIL ") << "HYBRID_SHARD on a " << mesh << " mesh equals single-process training\n";
-    (ok ? passed : failed)++;
   }
-  {
-    // A HYBRID_SHARD save (2 replicas of 2 shards, written by the first replica: the second
-    // replica's ranks write empty files, as a DCP rank with no item does) resumed by FULL_SHARD at
-    // world size 3.
-    const bool ok = save_then_resume("HYBRID_SHARD", 4, "2,2", "FULL_SHARD", 3, [](const std::string& dir) {
-      return std::filesystem::file_size(dir + "/__2_0.distcp") == 0 && std::filesystem::file_size(dir + "/__3_0.distcp") == 0 &&
-             std::filesystem::file_size(dir + "/__1_0.distcp") > 0;
-    });
-    std::cout << (ok ? "ok   " : "FAIL ") << "3 HYBRID_SHARD steps on a 2,2 mesh (the second replica's files empty), resumed by FULL_SHARD at world size 3 for 2 more, equals 5 single-process steps\n";
-    (ok ? passed : failed)++;
+  return ok ? 0 : 1;
+}};
+const fsdp_test::Mode kRank{"rank", [](const std::string& strategy) { return rank_main(strategy); }};
+
+// Runs `strategy` at `world` ranks with the environment variables `env` set for the ranks.
+bool ranks_with(const std::string& strategy, int world, const std::vector<std::pair<const char*, const char*>>& env) {
+  for (const auto& [k, v] : env) ::setenv(k, v, 1);
+  const bool ok = fsdp_test::launch_ranks(strategy, world);
+  for (const auto& [k, v] : env) ::unsetenv(k);
+  return ok;
+}
+
+TEST_CASE("fsdp: 3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps", "[fsdp]") {
+  CHECK(save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3));
+}
+
+TEST_CASE("fsdp: ShardedGradScaler at world size 2 skips a step with an inf on one rank, halves and doubles the scale", "[fsdp]") {
+  // An inf in one rank's slice skips the step on both ranks and halves the scale, 2 clean steps
+  // double it; equals single-process SGD without the skipped step.
+  CHECK(fsdp_test::launch_ranks("scaler", 2));
+}
+
+TEST_CASE("fsdp: FULL_SHARD at world size 3 with each prefetch equals single-process training", "[fsdp]") {
+  for (const char* prefetch : {"none", "forward"}) {  // the default, backward, is in the plain cases
+    SECTION(std::string("prefetch ") + prefetch) { CHECK(ranks_with("FULL_SHARD", 3, {{"FSDP_TEST_PREFETCH", prefetch}})); }
   }
+}
+
+TEST_CASE("fsdp: param_dtype bfloat16 (float32 shards) at world size 2 equals the same arithmetic in one process", "[fsdp]") {
+  for (const char* strategy : {"FULL_SHARD", "NO_SHARD"}) {
+    SECTION(strategy) { CHECK(ranks_with(strategy, 2, {{"FSDP_TEST_PARAM_DTYPE", "1"}})); }
+  }
+}
+
+TEST_CASE("fsdp: FULL_SHARD at world size 2 with activation checkpointing equals single-process training", "[fsdp]") {
+  CHECK(ranks_with("FULL_SHARD", 2, {{"FSDP_TEST_CHECKPOINT", "1"}}));  // each child run again in backward
+}
+
+TEST_CASE("fsdp: deferred initialization of a nested model, its Chain opened by type, equals single-process training", "[fsdp]") {
+  CHECK(ranks_with("FULL_SHARD", 2, {{"FSDP_TEST_DEFERRED", "1"}, {"FSDP_TEST_NESTED", "types"}}));
+}
+
+TEST_CASE("fsdp: deferred initialization (each child made after the units before it are sharded) equals single-process training", "[fsdp]") {
+  for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP"}) {
+    SECTION(strategy) { CHECK(ranks_with(strategy, 2, {{"FSDP_TEST_DEFERRED", "1"}})); }
+  }
+}
+
+TEST_CASE("fsdp: HYBRID_SHARD (sharded within a replica, averaged across replicas) equals single-process training", "[fsdp]") {
+  for (const char* mesh : {"2,2", "2,1", "1,3"}) {  // 2,1: replication alone
+    SECTION(std::string("mesh ") + mesh) {
+      const int world = std::atoi(mesh) * std::atoi(std::strchr(mesh, ',') + 1);
+      CHECK(ranks_with("HYBRID_SHARD", world, {{"FSDP_TEST_MESH", mesh}}));
+    }
+  }
+}
+
+TEST_CASE("fsdp: a HYBRID_SHARD save on a 2,2 mesh resumed by FULL_SHARD at world size 3 equals 5 single-process steps", "[fsdp]") {
+  // Written by the first replica: the second replica's ranks write empty files, as a DCP rank
+  // with no item does.
+  CHECK(save_then_resume("HYBRID_SHARD", 4, "2,2", "FULL_SHARD", 3, [](const std::string& dir) {
+    return std::filesystem::file_size(dir + "/__2_0.distcp") == 0 && std::filesystem::file_size(dir + "/__3_0.distcp") == 0 &&
+           std::filesystem::file_size(dir + "/__1_0.distcp") > 0;
+  }));
+}
+
+TEST_CASE("fsdp: a nested Sequential, opened by a policy or left whole, equals single-process training under the model's FQNs", "[fsdp]") {
+  // types, path, size: opened by that policy (its Mix checkpointed); none: left whole by the
+  // default policy, with the reduction overlapped (out's reduce-scatter still in flight after
+  // Mix's backward).
   for (const char* how : {"types", "path", "size", "none"}) {
-    ::setenv("FSDP_TEST_NESTED", how, 1);
-    const bool ok = fsdp_test::launch_ranks("FULL_SHARD", 2);
-    ::unsetenv("FSDP_TEST_NESTED");
-    std::cout << (ok ? "ok   " : "FAIL ") << "FULL_SHARD at world size 2, a nested Sequential "
-              << (std::string(how) == "none" ? "left whole by the default policy (reduction overlapped: out's reduce-scatter still in flight after Mix's backward)"
-                                             : std::string("opened by a policy by ") + how + " (its Mix checkpointed)")
-              << ", equals single-process training under the model's FQNs\n";
-    (ok ? passed : failed)++;
+    SECTION(how) { CHECK(ranks_with("FULL_SHARD", 2, {{"FSDP_TEST_NESTED", how}})); }
   }
+}
+
+TEST_CASE("fsdp: each sharding strategy at world size 2 and 3 equals single-process training", "[fsdp]") {
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}) {
     for (int world : {2, 3}) {
-      const bool ok = fsdp_test::launch_ranks(strategy, world);
-      std::cout << (ok ? "ok   " : "FAIL ") << strategy << " at world size " << world << " equals single-process training\n";
-      (ok ? passed : failed)++;
+      SECTION(std::string(strategy) + " at " + std::to_string(world)) { CHECK(fsdp_test::launch_ranks(strategy, world)); }
     }
   }
-  std::cout << passed << " passed, " << failed << " failed\n";
-  return failed ? 1 : 0;
 }

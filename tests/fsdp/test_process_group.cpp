@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "fsdp/process_group.hpp"
+#include <catch2/catch.hpp>
+
 #include "expect.hpp"
 #include "launch.hpp"
 
@@ -148,24 +150,24 @@ int environment_parsing() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+const fsdp_test::Mode kRank{"rank", [](const std::string& name) {
   const std::map<std::string, std::function<int()>> cases{
       {"collectives", collectives}, {"missing_rank", missing_rank}, {"rank_dies", rank_dies}, {"environment", environment_parsing}};
-  if (argc == 3 && std::string(argv[1]) == "rank") {
-    try {
-      return cases.at(argv[2])();
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << std::getenv("RANK") << ": " << e.what() << "\n";
-      return 1;
-    }
+  return cases.at(name)();
+}};
+
+TEST_CASE("fsdp process group: the rendezvous environment (1 rank)", "[fsdp][process_group]") { CHECK(fsdp_test::launch_ranks("environment", 1)); }
+
+TEST_CASE("fsdp process group: collectives at 2 and 3 ranks", "[fsdp][process_group]") {
+  for (int world : {2, 3}) {
+    SECTION(std::to_string(world) + " ranks") { CHECK(fsdp_test::launch_ranks("collectives", world)); }
   }
-  int passed = 0, failed = 0;
-  for (const auto& [name, world] : std::vector<std::pair<std::string, int>>{
-           {"environment", 1}, {"collectives", 2}, {"collectives", 3}, {"missing_rank", 2}, {"rank_dies", 2}}) {
-    const bool ok = fsdp_test::launch_ranks(name, world);
-    std::cout << (ok ? "ok   " : "FAIL ") << name << " (" << world << " ranks)\n";
-    (ok ? passed : failed)++;
-  }
-  std::cout << passed << " passed, " << failed << " failed\n";
-  return failed ? 1 : 0;
+}
+
+TEST_CASE("fsdp process group: a rank that never joins is a timeout, not a hang", "[fsdp][process_group]") {
+  CHECK(fsdp_test::launch_ranks("missing_rank", 2));
+}
+
+TEST_CASE("fsdp process group: a rank that dies mid-collective fails the others", "[fsdp][process_group]") {
+  CHECK(fsdp_test::launch_ranks("rank_dies", 2));
 }

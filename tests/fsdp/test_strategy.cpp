@@ -17,6 +17,8 @@
 #include <map>
 #include <string>
 
+#include <catch2/catch.hpp>
+
 #include "expect.hpp"
 #include "fsdp/strategy.hpp"
 #include "launch.hpp"
@@ -292,22 +294,8 @@ int rank_main() {
 
 // fsdp::set_num_threads reaches OpenBLAS's own pool (which torch::set_num_threads does not) where
 // LibTorch computes through OpenBLAS, as Debian's does with libopenblas0-pthread installed.
-bool blas_threads() {
-  using GetThreads = int (*)();
-  auto* get = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  const int before = get ? get() : 0;
-  bool ok = fsdp::set_num_threads(1) == (get != nullptr) && torch::get_num_threads() == 1;
-  if (get) {
-    ok = ok && get() == 1;
-    fsdp::set_num_threads(3);
-    ok = ok && get() == 3 && torch::get_num_threads() == 3;
-    fsdp::set_num_threads(before);
-  }
-  torch::set_num_threads(1);
-  std::cout << (ok ? "ok   " : "FAIL ") << "set_num_threads sets torch's threads and "
-            << (get ? "OpenBLAS's (1, then 3)" : "finds no OpenBLAS (LibTorch computes through another BLAS)") << "\n";
-  return ok;
-}
+using GetThreads = int (*)();
+GetThreads openblas_get_num_threads() { return reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads")); }
 
 // libfsdp owns precision and says whose mistake an error is: an option the strategy refuses is
 // kInvalidArgument (a tool's usage error), a libckpt error keeps its file when it crosses,
@@ -376,37 +364,43 @@ bool precision_and_error_kinds() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+const fsdp_test::Mode kRank{"rank", [](const std::string&) { return rank_main(); }};
+
+TEST_CASE("fsdp strategy: the seed's errors, a sharded and a full save with a filter, strict and non-strict loads (world of one)", "[fsdp][strategy]") {
+  const int before = failures;
+  errors_table();
+  CHECK(failures == before);
+}
+
+TEST_CASE("fsdp strategy: set_num_threads sets torch's intra-op threads", "[fsdp][strategy]") {
+  fsdp::set_num_threads(3);
+  CHECK(torch::get_num_threads() == 3);
+  fsdp::set_num_threads(1);
+  CHECK(torch::get_num_threads() == 1);
+}
+
+TEST_CASE("fsdp strategy: set_num_threads sets OpenBLAS's own pool where LibTorch computes through it", "[fsdp][strategy]") {
+  const GetThreads get = openblas_get_num_threads();
+  if (!get) fsdp_test::skip("LibTorch computes through another BLAS here: no OpenBLAS pool to set");
+  const int before = get();
+  CHECK(fsdp::set_num_threads(1));
+  CHECK(get() == 1);
+  fsdp::set_num_threads(3);
+  CHECK(get() == 3);
+  fsdp::set_num_threads(before);
   torch::set_num_threads(1);
-  if (argc == 3 && std::string(argv[1]) == "rank") {
-    try {
-      return rank_main();
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << std::getenv("RANK") << ": " << e.what() << "\n";
-      return 1;
-    }
-  }
-  int passed = 0, failed = 0;
-  try {
-    errors_table();
-  } catch (const std::exception& e) {
-    std::cerr << "unexpected: " << e.what() << "\n";
-    ++failures;
-  }
-  std::cout << (failures ? "FAIL " : "ok   ") << "the seed's errors, a sharded and a full save with a filter, strict and non-strict loads (world of one)\n";
-  (failures ? failed : passed)++;
-  (blas_threads() ? passed : failed)++;
-  const bool precision_ok = precision_and_error_kinds();
-  std::cout << (precision_ok ? "ok   " : "FAIL ")
-            << "precision parsed once: bf16-true converts the model, bf16-mixed autocasts in forward_context; errors say their kind\n";
-  (precision_ok ? passed : failed)++;
+}
+
+TEST_CASE("fsdp strategy: precision parsed once: bf16-true converts the model, bf16-mixed autocasts in forward_context, and errors say their kind", "[fsdp][strategy]") {
+  CHECK(precision_and_error_kinds());
+}
+
+TEST_CASE("fsdp strategy: save_checkpoint then load_checkpoint at 2 ranks, sharded and full: the same parameters, optimizer and next step", "[fsdp][strategy]") {
   char tmpl[] = "/tmp/fsdp-strategy2-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   ::setenv("FSDP_TEST_DIR", dir.c_str(), 1);
   const bool ok = fsdp_test::launch_ranks("save-load", 2);
+  ::unsetenv("FSDP_TEST_DIR");
   fs::remove_all(dir);
-  std::cout << (ok ? "ok   " : "FAIL ") << "save_checkpoint then load_checkpoint at 2 ranks, sharded and full: the same parameters, optimizer and next step\n";
-  (ok ? passed : failed)++;
-  std::cout << passed << " passed, " << failed << " failed\n";
-  return failed ? 1 : 0;
+  CHECK(ok);
 }

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Catch2 matcher for ckpt::Error: kind, offset and a message substring, as the corruption tables need.
+// Catch2 matcher for ckpt::Error: kind, offset and a message substring, as the corruption tables
+// need. The offset is always asserted: std::nullopt means the error names none (an argument
+// check), kAnyOffset that it names one whose value the row cannot know.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -14,17 +16,22 @@
 
 namespace fsdp_test {
 
+inline constexpr std::uint64_t kAnyOffset = ~std::uint64_t{0};
+
 class IsCkptError : public Catch::MatcherBase<ckpt::Error> {
  public:
   IsCkptError(ckpt::ErrorKind kind, std::optional<std::uint64_t> offset, std::string substring)
       : kind_(kind), offset_(offset), substring_(std::move(substring)) {}
   bool match(const ckpt::Error& e) const override {
-    return e.kind() == kind_ && (!offset_ || e.offset() == offset_) && std::string(e.what()).find(substring_) != std::string::npos;
+    const bool offset_ok = offset_ == kAnyOffset ? e.offset().has_value() : e.offset() == offset_;
+    return e.kind() == kind_ && offset_ok && std::string(e.what()).find(substring_) != std::string::npos;
   }
   std::string describe() const override {
     std::ostringstream os;
     os << "is a ckpt::Error of kind " << ckpt::to_string(kind_);
-    if (offset_) os << " at offset " << *offset_;
+    if (offset_ == kAnyOffset) os << " at some offset";
+    else if (offset_) os << " at offset " << *offset_;
+    else os << " naming no offset";
     os << " containing \"" << substring_ << "\"";
     return os.str();
   }

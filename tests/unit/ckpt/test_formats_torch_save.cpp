@@ -85,25 +85,35 @@ TEST_CASE("committed fixture: torch 1.13's worked example", "[ckpt][torch_save]"
 TEST_CASE("torch.save corruption table", "[ckpt][torch_save]") {
   const auto good = build_sample();
   const std::size_t pkl_at = 64;  // data.pkl's payload, first record
+  // Where each error must point: a record's first data byte (docs/formats/torch_save.md#member-layout:
+  // the header, the name, a 4-byte padding field, then up to the next multiple of 64), the end
+  // record, or the opcode in data.pkl (offsets inside data.pkl count from its first byte).
+  const auto at = [&](const std::string& text, std::size_t from = 0) { return find(good, text, from); };
+  const auto data_of = [&](const std::string& record) { return (at(record) + record.size() + 4 + 63) / 64 * 64; };
+  const std::size_t end_record = at(std::string("PK\x05\x06", 4));
+  const std::size_t key7 = at(std::string("X\x01\x00\x00\x00" "1", 6), pkl_at);  // the second storage's key
+  const std::size_t view = at("K\x04K\x02\x85", pkl_at);                           // a view's sizes
   const std::vector<PatchRow> rows = {
       {"not a zip", [](auto& b) { b[0] = std::byte{'X'}; }, ErrorKind::kFormat, 0, "not a torch.save file"},
       {"legacy pickle", [](auto& b) { b.assign({std::byte{0x80}, std::byte{2}, std::byte{'N'}, std::byte{'.'}}); },
        ErrorKind::kUnsupported, 0, "legacy torch.save format"},
       {"no version record", [](auto& b) { auto at = find(b, "archive/version", 200); b[at + 8] = std::byte{'X'}; b[find(b, "archive/version", at + 1) + 8] = std::byte{'X'}; },
-       ErrorKind::kFormat, std::nullopt, "no 'archive/version' record"},
+       ErrorKind::kFormat, end_record, "no 'archive/version' record"},
       {"bad version", [](auto& b) { auto at = find(b, "3\n", find(b, "archive/version")); b[at] = std::byte{'x'}; }, ErrorKind::kFormat,
-       std::nullopt, "is not an integer in [1, 10]"},
+       data_of("archive/version"), "is not an integer in [1, 10]"},
       {"big endian", [](auto& b) { auto at = find(b, "little"); std::memcpy(&b[at], "big   ", 6); }, ErrorKind::kUnsupported,
-       std::nullopt, "big-endian storages"},
+       at("little"), "big-endian storages"},
       {"unknown byteorder", [](auto& b) { auto at = find(b, "little"); std::memcpy(&b[at], "middle", 6); }, ErrorKind::kFormat,
-       std::nullopt, "byteorder record is 'middle'"},
+       at("little"), "byteorder record is 'middle'"},
       {"storage key without record", [&](auto& b) { b[find(b, std::string("X\x01\x00\x00\x00" "1", 6), pkl_at) + 5] = std::byte{'7'}; },
-       ErrorKind::kFormat, std::nullopt, "storage '7' has no record 'archive/data/7'"},
+       ErrorKind::kFormat, at("Q", key7) - pkl_at, "storage '7' has no record 'archive/data/7'"},  // its BINPERSID
       {"record size disagrees with numel", [&](auto& b) { b[find(b, "K\x06t", pkl_at) + 1] = std::byte{5}; },
-       ErrorKind::kFormat, std::nullopt, "holds 24 bytes, but its storage is 5 float32 elements"},
+       ErrorKind::kFormat, data_of("archive/data/0"), "holds 24 bytes, but its storage is 5 float32 elements"},
       {"view past the storage", [&](auto& b) { b[find(b, "K\x04K\x02\x85", pkl_at) + 1] = std::byte{5}; },
-       ErrorKind::kFormat, std::nullopt, "reaches element 6 of storage '0', which has 6 elements"},
-      {"persistent id tag", [&](auto& b) { b[find(b, "storage", pkl_at)] = std::byte{'S'}; }, ErrorKind::kFormat, std::nullopt,
+       // the REDUCE of _rebuild_tensor_v2 (the REDUCE before it makes the backward hooks' OrderedDict)
+       ErrorKind::kFormat, at("R", at("R", view) + 1) - pkl_at, "reaches element 6 of storage '0', which has 6 elements"},
+      {"persistent id tag", [&](auto& b) { b[find(b, "storage", pkl_at)] = std::byte{'S'}; }, ErrorKind::kFormat,
+       at("Q", at("storage", pkl_at)) - pkl_at,
        "persistent id tag is not 'storage'"},
   };
   run_patch_table(good, rows, [](const std::vector<std::byte>& bad) { return ckpt::read_torch_save(ckpt::memory_source(bad, "mem.pt")); });
@@ -124,8 +134,10 @@ TEST_CASE("a tiny file that claims a huge storage fails before allocating", "[ck
   zip.add("data/0", std::vector<std::byte>(4));
   zip.add("version", bytes_of("3\n"));
   zip.finish();
-  REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(sink.take(), "m")), ckpt::Error,
-                         IsCkptError(ErrorKind::kFormat, std::nullopt, "holds 4 bytes, but its storage is 1099511627776 float32"));
+  const auto bytes = sink.take();
+  const std::size_t data0 = (find(bytes, "archive/data/0") + 14 + 4 + 63) / 64 * 64;  // the record's first byte
+  REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(bytes, "m")), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, data0, "holds 4 bytes, but its storage is 1099511627776 float32"));
 }
 
 TEST_CASE("a torch.save file's whole tree is kept only for --meta", "[ckpt][torch_save]") {

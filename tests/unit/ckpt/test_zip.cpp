@@ -60,7 +60,7 @@ TEST_CASE("zip corruption table", "[ckpt][zip]") {
                                                   (std::to_integer<std::uint32_t>(good[eocd + 17]) << 8));
   const std::vector<PatchRow> rows = {
       {"too small", [](auto& b) { b.resize(10); }, ErrorKind::kFormat, 0, "too small to be a zip archive"},
-      {"no end record", [](auto& b) { b.resize(b.size() - 5); }, ErrorKind::kFormat, std::nullopt, "no end-of-central-directory record"},
+      {"no end record", [](auto& b) { b.resize(b.size() - 5); }, ErrorKind::kFormat, good.size() - 5, "no end-of-central-directory record"},  // the end searched back from
       {"bad central signature", [&](auto& b) { put_u32(b, cd, 0x12345678); }, ErrorKind::kFormat, cd, "expected 0x02014b50"},
       {"end records disagree", [&](auto& b) { put_u16(b, eocd + 10, 2); }, ErrorKind::kFormat, eocd, "disagrees with the zip64 end record"},
       {"bad local signature", [](auto& b) { put_u32(b, 0, 0x12345678); }, ErrorKind::kFormat, 0, "expected 0x04034b50"},
