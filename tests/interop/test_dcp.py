@@ -9,6 +9,7 @@ import io
 import os
 import pathlib
 import pickle
+import shutil
 import subprocess
 import sys
 import types
@@ -123,6 +124,82 @@ def test_megatron():
     ours = compare(path, 1)
     assert len(ours["tensors"]) == 17 and len(ours["objects"]) == 8
     assert any("mcore_data" in n for n in ours["notes"]), ours["notes"]
+
+
+def install_plan_stubs():
+    """Stand-ins for the classes a .metadata of PyTorch 2.6+ (all_local_plans) and of Megatron-Core
+    hold, at their real module paths, with the fields of torch/distributed/checkpoint/planner.py
+    (WriteItemType, TensorWriteData, WriteItem, SavePlan with `usable`) and of
+    megatron/core/dist_checkpointing/strategies/torch.py (MCoreSavePlan adds mcore_data)."""
+    import enum
+    if "torch.distributed.checkpoint.planner" in sys.modules:
+        return sys.modules["torch.distributed.checkpoint.planner"], sys.modules["megatron.core.dist_checkpointing.strategies.torch"]
+    planner = types.ModuleType("torch.distributed.checkpoint.planner")
+    planner.WriteItemType = enum.Enum("WriteItemType", {"TENSOR": 1, "SHARD": 2, "BYTE_IO": 3}, module=planner.__name__)
+
+    def dataclass(module, name, fields, base=object):
+        def init(self, **kw):
+            for f in fields:
+                setattr(self, f, kw.get(f))
+        return type(name, (base,), {"__module__": module.__name__, "__init__": init})
+
+    planner.TensorWriteData = dataclass(planner, "TensorWriteData", ["chunk", "properties", "size"])
+    planner.WriteItem = dataclass(planner, "WriteItem", ["index", "type", "tensor_data"])
+    planner.SavePlan = dataclass(planner, "SavePlan", ["items", "storage_data", "planner_data", "usable"])
+    mcore = types.ModuleType("megatron.core.dist_checkpointing.strategies.torch")
+    mcore.MCoreSavePlan = dataclass(mcore, "MCoreSavePlan", ["items", "storage_data", "planner_data", "usable", "mcore_data"],
+                                    planner.SavePlan)
+    for parent in ("megatron", "megatron.core", "megatron.core.dist_checkpointing", "megatron.core.dist_checkpointing.strategies"):
+        sys.modules.setdefault(parent, types.ModuleType(parent))  # so that pickle can import the module by name
+    for m in (planner, mcore):
+        sys.modules[m.__name__] = m
+    return planner, mcore
+
+
+def with_save_plans(src, dirname, hostile=None):
+    """A copy of the checkpoint `src` whose .metadata, unpickled and pickled again by CPython with the
+    stand-ins, also holds the save plans (one MCoreSavePlan naming every item), as a current
+    Megatron-Core save leaves it; `hostile` goes into the plan's planner_data."""
+    install_2x_stubs()
+    planner, mcore = install_plan_stubs()
+    raw = open(os.path.join(src, ".metadata"), "rb").read()
+    meta = pickle.loads(raw)
+    items = []
+    for k in meta.storage_data:
+        entry = meta.state_dict_metadata[k.fqn]
+        if getattr(k, "offset", None) is None:
+            items.append(planner.WriteItem(index=k, type=planner.WriteItemType.BYTE_IO))
+            continue
+        chunk = next(c for c in entry.chunks if tuple(c.offsets) == tuple(k.offset))
+        data = planner.TensorWriteData(chunk=chunk, properties=entry.properties, size=entry.size)
+        items.append(planner.WriteItem(index=k, type=planner.WriteItemType.SHARD, tensor_data=data))
+    plan = mcore.MCoreSavePlan(items=items, usable=True, planner_data=hostile, mcore_data={"embedding.word_embeddings.weight": {}})
+    meta.all_local_plans = [plan]
+    d = os.path.join(work, dirname)
+    os.makedirs(d, exist_ok=True)
+    for name in os.listdir(src):
+        if name != ".metadata":
+            shutil.copyfile(os.path.join(src, name), os.path.join(d, name))  # a link leading outside is refused
+    open(os.path.join(d, ".metadata"), "wb").write(pickle.dumps(meta, protocol=raw[1]))
+    return d
+
+
+def test_megatron_with_save_plans():
+    src = os.path.join(a.shared, "LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt")
+    d = with_save_plans(src, "megatron_plans")
+    raw = open(os.path.join(d, ".metadata"), "rb").read()
+    assert b"torch.distributed.checkpoint.planner" in raw and b"MCoreSavePlan" in raw
+    ours = compare_with(d, src, 1)
+    assert "Metadata has extra attribute 'all_local_plans'" in ours["notes"], ours["notes"]
+    v = subprocess.run([a.inspect, "verify", "--deep", d], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    j = subprocess.run([a.inspect, "--meta", d], capture_output=True, text=True)
+    assert j.returncode == 0 and "MCoreSavePlan" in j.stdout, j.stdout[-2000:] + j.stderr
+    # The same plans, one naming code: refused with its offset, never run.
+    bad = with_save_plans(src, "megatron_plans_evil", hostile=Evil())
+    r = probe(a, "dump-checkpoint", bad, expect_ok=False)
+    assert r.returncode == 1 and "would run code" in r.stderr and "offset" in r.stderr, r.stderr
+    assert not os.path.exists(os.path.join(work, "pwned")), "the hostile pickle ran"
 
 
 def write_hostile(dirname, metadata_bytes):
@@ -271,6 +348,8 @@ check("1.13 DCP from 2 Gloo ranks: ours == torch.load of every item", test_fixtu
 check("1.13 DCP from 4 Gloo ranks (a rank owns no chunk): ours == torch.load of every item", test_fixture(4))
 if os.path.isdir(os.path.join(a.shared, "LionRock-Research__Megatron-LM__simple-mcore-tp1-ckpt")):
     check("real torch 2.4 Megatron torch_dist checkpoint: ours == torch.load of every item", test_megatron)
+    check("real Megatron checkpoint re-pickled with PyTorch 2.6's save plans and Megatron's MCoreSavePlan: opens as before, "
+          "a plan that names code is refused", test_megatron_with_save_plans)
 else:
     skip("real Megatron checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
 for name in ("torch2_world1", "torch2_world2", "torch2_world2_rank_local"):

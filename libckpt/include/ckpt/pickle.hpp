@@ -73,6 +73,12 @@ GlobalKind classify(std::string_view module, std::string_view name) noexcept;
 /// never shown as sound nor copied into an output.
 bool runs_code(std::string_view module, std::string_view name) noexcept;
 
+struct Value;
+/// Whether the call `call` (an Object whose callable is builtins.getattr) is the way CPython
+/// pickles an enum member by name, getattr(CLASS, 'MEMBER'): data, like any class. Any other
+/// getattr reaches attributes (a gadget) and is refused by the readers (NOTE [What runs code]).
+bool getattr_is_data(const Value& call) noexcept;
+
 /// An int of any size: `value` when it fits int64 (then `big` is empty), else `big` holds the
 /// minimal two's-complement little-endian bytes (as LONG1/LONG4 carry them).
 struct Int {

@@ -404,18 +404,18 @@ class Sharder {
       for (const std::uint32_t code : detail::entry_order(plan_.tensors, plan_.objects)) {
         if (code & detail::kObjectEntry) {
           const detail::DcpPlanObject& o = plan_.objects[code & ~detail::kObjectEntry];
-          r.entries.push_back({std::string(o.fqn), "object", std::nullopt, {}, 0, {{o.rank, {}, {}}}});
+          r.entries.push_back({std::string(o.fqn), "object", std::nullopt, {}, 0, {{o.rank, {}, {}}}, {}});
           continue;
         }
         const detail::DcpPlanTensor& t = plan_.tensors[code];
-        ResultEntry out{std::string(t.fqn), "tensor", t.dtype, t.shape, nbytes(t), {}};
+        ResultEntry out{std::string(t.fqn), "tensor", t.dtype, t.shape, nbytes(t), {}, {}};
         for (std::size_t k = 0; k < t.chunk_count; ++k) {
           const detail::DcpPlanChunk c = plan_.chunks.get(t, k);
           out.chunks.push_back({c.rank, Dims(c.offsets), Dims(c.sizes)});
         }
         r.entries.push_back(std::move(out));
       }
-      for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}});
+      for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}, {}});
     }
     detail::validate_dcp_plan(plan_);
     files_ = detail::plan_dcp_files(plan_);

@@ -6,6 +6,7 @@
 // class), and never resolved or called. The entries follow docs/formats/torch_save.md#weights-only-globals (what
 // torch.load(weights_only=True) accepts) and docs/formats/dcp.md#class-paths (every module path DCP classes have had).
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <string_view>
 
@@ -98,14 +99,23 @@ constexpr std::array<std::string_view, 11> kLegacyTensorNames{
 
 }  // namespace
 
+// NOTE [What runs code]: the one rule for what a pickle may not name, whatever it is read for.
+// A global is refused when calling it (or building its class) could run code, reach the
+// interpreter, the operating system or the network, or load another pickle: everything in the
+// modules below, the builtins that evaluate, import, open or mutate, the operator gadgets that
+// reach attributes, and the loaders. Any other class is data: kept as an opaque value (its class
+// path and arguments, never constructed), and refused only where a reader needs to understand
+// it. docs/formats/pickle.md#hardening says the same for users.
 bool runs_code(std::string_view module, std::string_view name) noexcept {
   // Modules whose every callable reaches the operating system, the interpreter or the network.
   static constexpr std::array kModules = std::to_array<std::string_view>(
       {"os", "posix", "nt", "sys", "subprocess", "shutil", "socket", "pty", "importlib", "runpy", "ctypes", "multiprocessing",
-       "marshal", "pickle", "_pickle", "shelve", "webbrowser", "code", "codeop", "timeit", "pdb", "platform", "signal", "asyncio"});
+       "marshal", "pickle", "_pickle", "shelve", "webbrowser", "code", "codeop", "timeit", "pdb", "platform", "asyncio"});
   for (std::string_view m : kModules) {
     if (module == m || (module.size() > m.size() && module.starts_with(m) && module[m.size()] == '.')) return true;
   }
+  // signal's enums (Megatron saves signal.Signals(15)) are data; its functions send and trap signals.
+  if (module == "signal") return name != "Signals" && name != "Handlers" && name != "Sigmasks";
   // Builtins that evaluate, import, open or mutate.
   static constexpr std::array kBuiltins = std::to_array<std::string_view>(
       {"eval", "exec", "compile", "__import__", "open", "setattr", "delattr", "globals", "locals", "vars", "input", "breakpoint",
@@ -117,6 +127,17 @@ bool runs_code(std::string_view module, std::string_view name) noexcept {
     return name == "load" || name == "jit" || name == "hub";
   }
   return module == "numpy" && (name == "load" || name == "fromfile");
+}
+
+bool getattr_is_data(const Value& call) noexcept {
+  const Object* o = call.object();
+  const auto* args = o && o->args ? o->args->sequence() : nullptr;
+  if (!args || args->size() != 2 || !(*args)[0]->global() || !(*args)[1]->str()) return false;
+  // An enum member's name: an identifier that is not private or special.
+  const std::string& name = *(*args)[1]->str();
+  const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  return !name.empty() && name[0] != '_' && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+         std::all_of(name.begin(), name.end(), word);
 }
 
 GlobalKind classify(std::string_view module, std::string_view name) noexcept {

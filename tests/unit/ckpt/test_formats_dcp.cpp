@@ -361,6 +361,86 @@ TEST_CASE("real torch 2.4 Megatron torch_dist checkpoint", "[ckpt][dcp]") {
     for (const auto& ch : t.chunks) CHECK_NOTHROW(r.read(t, ch));
 }
 
+namespace {
+
+// A dataclass instance as CPython pickles it: NEWOBJ of the class, then BUILD with its fields.
+pk::ValuePtr dataclass(const std::string& module, const std::string& name, std::vector<std::pair<std::string, pk::ValuePtr>> fields) {
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> state;
+  for (auto& [k, v] : fields) state.emplace_back(pk::make_str(k), std::move(v));
+  return pk::make_object(pk::make_global(module, name), pk::BuildOp::kNewObj, pk::make_tuple({}), pk::make_dict(std::move(state)));
+}
+
+// Adds attribute `key` to the object `v`'s BUILD state.
+void add_field(const pk::ValuePtr& v, const std::string& key, pk::ValuePtr value) {
+  auto* o = std::get<std::unique_ptr<pk::Object>>(v->payload).get();
+  std::get<pk::Dict>(o->state->payload).items.emplace_back(pk::make_str(key), std::move(value));
+}
+
+// The save plans PyTorch 2.6+ may keep in .metadata (all_local_plans: SavePlan and WriteItem,
+// field layout of torch/distributed/checkpoint/planner.py) and a Megatron-Core plan
+// (megatron/core/dist_checkpointing/strategies/torch.py's MCoreSavePlan), at their real
+// module paths, around a copy of a storage_data key.
+void add_save_plans(pk::ValuePtr& root, const pk::ValuePtr& hostile = nullptr) {
+  const std::string planner = "torch.distributed.checkpoint.planner";
+  auto item = dataclass(planner, "WriteItem",
+                        {{"index", first_key(field(root, "storage_data"))},
+                         {"type", pk::make_object(pk::make_global(planner, "WriteItemType"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_int(2)}))},
+                         {"tensor_data", pk::make_none()}});
+  auto plan = dataclass(planner, "SavePlan",
+                        {{"items", pk::make_list({item})}, {"storage_data", pk::make_none()},
+                         {"planner_data", hostile ? hostile : pk::make_none()}, {"usable", pk::make_bool(true)}});
+  add_field(root, "all_local_plans", pk::make_list({plan}));
+  add_field(root, "mcore_data", pk::make_dict({{pk::make_str("plan"), dataclass("megatron.core.dist_checkpointing.strategies.torch", "MCoreSavePlan",
+                                                                              {{"items", pk::make_list({})}, {"mcore_data", pk::make_dict()}})},
+                                               {pk::make_str("signal"), pk::make_object(pk::make_global("signal", "Signals"), pk::BuildOp::kReduce,
+                                                                                        pk::make_tuple({pk::make_int(15)}))}}));
+}
+
+}  // namespace
+
+TEST_CASE("DCP .metadata: save plans and Megatron's classes are opaque values, the checkpoint opens as before", "[ckpt][dcp]") {
+  TestDir plain, planned;
+  write_sample(plain.path());
+  write_sample(planned.path());
+  edit_metadata(planned.path(), [](auto& root) { add_save_plans(root); });
+  const ckpt::Checkpoint want = ckpt::open_dcp(plain.path());
+  const ckpt::Checkpoint c = ckpt::open_dcp(planned.path(), ckpt::MetaTrees::kKeep);
+  REQUIRE(c.tensors.size() == want.tensors.size());
+  for (std::size_t i = 0; i < c.tensors.size(); ++i) {
+    CHECK(c.tensors[i].name == want.tensors[i].name);
+    CHECK(c.tensors[i].chunks.size() == want.tensors[i].chunks.size());
+  }
+  CHECK(c.objects.size() == want.objects.size());
+  const auto has_note = [&](const std::string& n) { return std::find(c.notes.begin(), c.notes.end(), n) != c.notes.end(); };
+  CHECK(has_note("Metadata has extra attribute 'all_local_plans'"));
+  CHECK(has_note("Metadata has extra attribute 'mcore_data'"));
+  // --meta shows them by class, never built.
+  const std::string tree = pk::repr(*c.meta_trees.front().second, 100000);
+  CHECK(tree.find("torch.distributed.checkpoint.planner.SavePlan") != std::string::npos);
+  CHECK(tree.find("signal.Signals") != std::string::npos);
+  // The direct reader declines what it does not model, and the tree reader reads it.
+  CHECK_FALSE(direct_reader_agrees(planned.path()));
+  // Its tensors read as before.
+  ckpt::ChunkReader reader(c);
+  const auto& w = *c.find_tensor("model.w");
+  CHECK(reader.read(w, w.chunks[1]).storage->read_vector(0, 4) == ckpt::ChunkReader(want).read(*want.find_tensor("model.w"), want.find_tensor("model.w")->chunks[1]).storage->read_vector(0, 4));
+}
+
+TEST_CASE("DCP .metadata: a plan that names code, or an opaque class where the index needs one, is refused with its offset", "[ckpt][dcp]") {
+  TestDir dir;
+  write_sample(dir.path());
+  edit_metadata(dir.path(), [](auto& root) {
+    add_save_plans(root, pk::make_object(pk::make_global("subprocess", "Popen"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_str("ls")})));
+  });
+  REQUIRE_THROWS_MATCHES(ckpt::open_dcp(dir.path()), ckpt::Error, IsCkptError(ErrorKind::kFormat, kAnyOffset, "global 'subprocess.Popen' would run code"));
+  TestDir info;
+  write_sample(info.path());
+  edit_metadata(info.path(), [](auto& root) {
+    first_value(field(root, "storage_data")) = dataclass("megatron.core", "StorageInfo", {{"relative_path", pk::make_str("__0_0.distcp")}});
+  });
+  REQUIRE_THROWS_MATCHES(ckpt::open_dcp(info.path()), ckpt::Error, IsCkptError(ErrorKind::kFormat, kAnyOffset, "_StorageInfo"));
+}
+
 TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
   struct Row {
     const char* defect;
@@ -371,10 +451,10 @@ TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
       {"hostile global", [](auto& root) { field(root, "planner_data") = pk::make_object(pk::make_global("os", "system"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_str("ls")})); },
        "global 'os.system' would run code when loaded"},
       {"eval", [](auto& root) { field(root, "version") = pk::make_global("builtins", "eval"); }, "global 'builtins.eval' would run code when loaded"},
-      {"getattr on something else",
+      {"getattr of a special attribute",
        [](auto& root) { field(root, "version") = pk::make_object(pk::make_global("builtins", "getattr"), pk::BuildOp::kReduce,
-                                                                 pk::make_tuple({pk::make_global("torch", "Size"), pk::make_str("x")})); },
-       "getattr is only allowed on the memory-format enum"},
+                                                                 pk::make_tuple({pk::make_global("torch", "Size"), pk::make_str("__init__")})); },
+       "getattr is only allowed to name an enum member"},
       {"path escape", [](auto& root) { field(first_value(field(root, "storage_data")), "relative_path") = pk::make_str("../outside"); },
        "relative_path '../outside' leaves the checkpoint directory"},
       {"absolute path", [](auto& root) { field(first_value(field(root, "storage_data")), "relative_path") = pk::make_str("/etc/passwd"); },
@@ -384,7 +464,7 @@ TEST_CASE("DCP .metadata corruption table", "[ckpt][dcp]") {
          auto& state = std::get<std::unique_ptr<pk::Object>>(props->payload)->state;
          std::get<pk::Tuple>(state->payload).items[0] = pk::make_global("torch", "float128");
        },
-       "is not allowed in .metadata"},
+       "dtype of 'model.w' is torch.float128, not a known torch dtype"},
       {"chunk past the tensor", [](auto& root) {
          auto& chunks = field(first_value(field(root, "state_dict_metadata")), "chunks");
          field(std::get<pk::List>(chunks->payload).items[1], "sizes") = pk::make_object(pk::make_global("torch", "Size"), pk::BuildOp::kReduce,

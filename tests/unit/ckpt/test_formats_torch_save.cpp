@@ -88,11 +88,11 @@ TEST_CASE("torch.save corruption table", "[ckpt][torch_save]") {
   // Where each error must point: a record's first data byte (docs/formats/torch_save.md#member-layout:
   // the header, the name, a 4-byte padding field, then up to the next multiple of 64), the end
   // record, or the opcode in data.pkl (offsets inside data.pkl count from its first byte).
-  const auto at = [&](const std::string& text, std::size_t from = 0) { return find(good, text, from); };
-  const auto data_of = [&](const std::string& record) { return (at(record) + record.size() + 4 + 63) / 64 * 64; };
-  const std::size_t end_record = at(std::string("PK\x05\x06", 4));
-  const std::size_t key7 = at(std::string("X\x01\x00\x00\x00" "1", 6), pkl_at);  // the second storage's key
-  const std::size_t view = at("K\x04K\x02\x85", pkl_at);                           // a view's sizes
+  const auto in_good = [&](const std::string& text, std::size_t from = 0) { return find(good, text, from); };
+  const auto data_of = [&](const std::string& record) { return (in_good(record) + record.size() + 4 + 63) / 64 * 64; };
+  const std::size_t end_record = in_good(std::string("PK\x05\x06", 4));
+  const std::size_t key7 = in_good(std::string("X\x01\x00\x00\x00" "1", 6), pkl_at);  // the second storage's key
+  const std::size_t view = in_good("K\x04K\x02\x85", pkl_at);                           // a view's sizes
   const std::vector<PatchRow> rows = {
       {"not a zip", [](auto& b) { b[0] = std::byte{'X'}; }, ErrorKind::kFormat, 0, "not a torch.save file"},
       {"legacy pickle", [](auto& b) { b.assign({std::byte{0x80}, std::byte{2}, std::byte{'N'}, std::byte{'.'}}); },
@@ -102,18 +102,18 @@ TEST_CASE("torch.save corruption table", "[ckpt][torch_save]") {
       {"bad version", [](auto& b) { auto at = find(b, "3\n", find(b, "archive/version")); b[at] = std::byte{'x'}; }, ErrorKind::kFormat,
        data_of("archive/version"), "is not an integer in [1, 10]"},
       {"big endian", [](auto& b) { auto at = find(b, "little"); std::memcpy(&b[at], "big   ", 6); }, ErrorKind::kUnsupported,
-       at("little"), "big-endian storages"},
+       in_good("little"), "big-endian storages"},
       {"unknown byteorder", [](auto& b) { auto at = find(b, "little"); std::memcpy(&b[at], "middle", 6); }, ErrorKind::kFormat,
-       at("little"), "byteorder record is 'middle'"},
+       in_good("little"), "byteorder record is 'middle'"},
       {"storage key without record", [&](auto& b) { b[find(b, std::string("X\x01\x00\x00\x00" "1", 6), pkl_at) + 5] = std::byte{'7'}; },
-       ErrorKind::kFormat, at("Q", key7) - pkl_at, "storage '7' has no record 'archive/data/7'"},  // its BINPERSID
+       ErrorKind::kFormat, in_good("Q", key7) - pkl_at, "storage '7' has no record 'archive/data/7'"},  // its BINPERSID
       {"record size disagrees with numel", [&](auto& b) { b[find(b, "K\x06t", pkl_at) + 1] = std::byte{5}; },
        ErrorKind::kFormat, data_of("archive/data/0"), "holds 24 bytes, but its storage is 5 float32 elements"},
       {"view past the storage", [&](auto& b) { b[find(b, "K\x04K\x02\x85", pkl_at) + 1] = std::byte{5}; },
        // the REDUCE of _rebuild_tensor_v2 (the REDUCE before it makes the backward hooks' OrderedDict)
-       ErrorKind::kFormat, at("R", at("R", view) + 1) - pkl_at, "reaches element 6 of storage '0', which has 6 elements"},
+       ErrorKind::kFormat, in_good("R", in_good("R", view) + 1) - pkl_at, "reaches element 6 of storage '0', which has 6 elements"},
       {"persistent id tag", [&](auto& b) { b[find(b, "storage", pkl_at)] = std::byte{'S'}; }, ErrorKind::kFormat,
-       at("Q", at("storage", pkl_at)) - pkl_at,
+       in_good("Q", in_good("storage", pkl_at)) - pkl_at,
        "persistent id tag is not 'storage'"},
   };
   run_patch_table(good, rows, [](const std::vector<std::byte>& bad) { return ckpt::read_torch_save(ckpt::memory_source(bad, "mem.pt")); });
@@ -149,4 +149,22 @@ TEST_CASE("a torch.save file's whole tree is kept only for --meta", "[ckpt][torc
   REQUIRE(kept.meta_trees.size() == 1);
   CHECK(kept.meta_trees[0].first == "tiny_state_dict.pt");
   CHECK(kept.meta_trees[0].second->dict_items());
+}
+
+TEST_CASE("torch.save: a class built from plain arguments is data (Megatron's signal.Signals), a call that runs code is refused", "[ckpt][torch_save]") {
+  auto archive = [](const pk::ValuePtr& value) {
+    ckpt::MemorySink sink;
+    ckpt::detail::ZipWriter zip(sink, "archive");
+    zip.add("data.pkl", pk::write(*pk::make_dict({{pk::make_str("exit_signal"), value}}), 2));
+    zip.add("version", bytes_of("3\n"));
+    zip.finish();
+    return sink.take();
+  };
+  const auto signals = pk::make_object(pk::make_global("signal", "Signals"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_int(15)}));
+  const auto f = ckpt::read_torch_save(ckpt::memory_source(archive(signals), "common.pt"));
+  REQUIRE(f.objects.size() == 1);
+  CHECK(pk::repr(*f.objects[0].second, 200).find("signal.Signals") != std::string::npos);
+  const auto trap = pk::make_object(pk::make_global("signal", "signal"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_int(15), pk::make_none()}));
+  REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(archive(trap), "common.pt")), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, kAnyOffset, "global 'signal.signal' would run code"));
 }

@@ -40,10 +40,6 @@ class MetadataReader {
   void read(const ValuePtr& root) {
     const pickle::Object* o = root->object();
     const pickle::Global* cls = o && o->callable ? o->callable->global() : nullptr;
-    if (first_opaque_ && (!o || o->callable.get() != first_opaque_->node)) {
-      throw Error(ErrorKind::kFormat, source_, first_opaque_->offset,
-                  "global '" + first_opaque_->name + "' is not allowed in .metadata (refused, not executed)");
-    }
     if (!cls) fail(*root, "top-level object is a " + root->type_name() + ", expected a Metadata object");
     const auto state = fields(*root, "Metadata");
     if (cls->kind != GlobalKind::kDcpMetadata) {
@@ -101,18 +97,12 @@ class MetadataReader {
 
  public:
   // NOTE [Hostile .metadata]: PyTorch unpickles .metadata with the unrestricted pickle.load, so a
-  // crafted file runs code there. The unpickler hands us each global and each object as it makes
-  // them: any global outside the allow-list is refused, except the first one (the root class,
-  // which may be a Metadata subclass, checked in read()), and getattr only on the memory-format enum.
-  void on_global(const Value& v) {
-    const pickle::Global* g = v.global();
-    const bool first = !seen_global_;
-    seen_global_ = true;
-    if (g->kind != GlobalKind::kOpaque) return;
-    if (!first) fail(v, "global '" + g->module + "." + g->name + "' is not allowed in .metadata (refused, not executed)");
-    // Kept by value: the node may be dropped before read() runs. The address is only compared.
-    first_opaque_ = FirstOpaque{&v, g->module + "." + g->name, v.offset};
-  }
+  // crafted file runs code there. Here a global that would run code or reach the interpreter is
+  // refused by the unpickler as it is read (pickle::runs_code, NOTE [What runs code]); any other
+  // class is data: a value of it is kept as an opaque object (its class path and arguments, never
+  // constructed), so newer writers' extra fields (save plans, Megatron's mcore_data) do not stop
+  // the checkpoint from opening. Where the index needs a value (an entry, a chunk, a storage
+  // item), its reader checks the class and refuses anything else with its offset.
   // NOTE [Entries as they are built]: a TensorStorageMetadata is made into its entry as soon as
   // BUILD finishes it, and a small token of the same class takes its place on the stack; its
   // tree is freed at once, not when SETITEMS hands over the batch of up to 1,000 entries that
@@ -134,10 +124,7 @@ class MetadataReader {
   }
   void on_object(const Value& v) {
     if (v.callable_kind() != GlobalKind::kBuiltinGetattr) return;
-    const auto* args = v.object()->args->sequence();
-    const bool enum_member = args && args->size() == 2 && (*args)[0]->global() &&
-                             (*args)[0]->global()->kind == GlobalKind::kDcpMemoryFormat && (*args)[1]->str();
-    if (!enum_member) fail(v, "getattr is only allowed on the memory-format enum (refused, not executed)");
+    if (!pickle::getattr_is_data(v)) fail(v, "getattr is only allowed to name an enum member, getattr(CLASS, 'MEMBER') (refused, not executed)");
   }
 
  private:
@@ -320,13 +307,6 @@ class MetadataReader {
   detail::DcpIndexBuilder b_{source_, c_};
   const Value* sdm_dict_ = nullptr;       ///< the dicts offer() took items from (compared only)
   const Value* storage_dict_ = nullptr;
-  struct FirstOpaque {
-    const Value* node;  // compared, never dereferenced
-    std::string name;
-    std::uint64_t offset;
-  };
-  bool seen_global_ = false;
-  std::optional<FirstOpaque> first_opaque_;
   // By token (NOTE [Entries as they are built]). The token is held here until its entry is
   // claimed, so that its address, the key, is not reused by another while it is in the map.
   struct Built {
@@ -511,7 +491,6 @@ void detail::read_dcp_metadata_tree(std::span<const std::byte> bytes, const std:
   MetadataReader reader(source, c);
   pickle::ParseOptions o;
   o.persistent_ids = pickle::PersistentIds::kRefuse;
-  o.on_global = [&](const Value& v) { reader.on_global(v); };
   o.on_object = [&](const Value& v) { reader.on_object(v); };
   // Kept trees must be whole; otherwise items are consumed as they come (NOTE [Streaming .metadata]).
   if (trees == MetaTrees::kDrop) {
