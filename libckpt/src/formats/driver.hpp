@@ -34,7 +34,8 @@ struct Driver {
   /// Opens a path detect() accepted. Throws ckpt::Error naming the file and offset.
   Checkpoint (*open)(const std::filesystem::path& path, MetaTrees trees);
   /// Why a path no driver accepts is nearly this format and what is missing ("a .metadata.tmp
-  /// but no .metadata: the save died before it committed"); empty: nothing to say.
+  /// but no .metadata: the save died before it committed"); empty: nothing to say. May throw
+  /// the error that says what the path is instead (a legacy torch.save file: kUnsupported).
   std::string (*near_miss)(const Probe& probe) = nullptr;
 };
 

@@ -82,26 +82,48 @@ std::shared_ptr<const ItemDecoder> detail::dcp_items() {
 namespace formats {
 namespace {
 
+bool is_dcp_part(const std::string& name);
+std::filesystem::path parent_of(const std::filesystem::path& p) { return p.parent_path().empty() ? std::filesystem::path(".") : p.parent_path(); }
+
 Format detect_dcp(const Probe& p) {
-  if (!p.directory) return Format::kUnknown;
+  // A data file or .metadata given alone is claimed, so that opening it says to pass its
+  // directory (a .distcp starts as a zip archive, but is many of them).
+  if (!p.directory) return is_dcp_part(p.path.filename().string()) && detect_dcp(Probe{parent_of(p.path), true, nullptr, {}}) != Format::kUnknown
+                               ? Format::kDcp
+                               : Format::kUnknown;
   std::error_code ec;
   const bool dcp = std::filesystem::exists(p.path / ".metadata", ec) || !detail::rank_local_metadata(p.path).empty();
   if (!dcp) return Format::kUnknown;
   return std::filesystem::exists(p.path / "meta.pt", ec) ? Format::kLightningSharded : Format::kDcp;
 }
 
-std::string dcp_near_miss(const Probe& p) {
-  if (!p.directory) return {};
+bool is_dcp_part(const std::string& name) {
+  if (name == ".metadata" || name == ".metadata.tmp") return true;
+  if (name.ends_with(".distcp")) return true;
+  return name.starts_with("__") && name.ends_with(".metadata");  // rank-local (NOTE [Rank-local metadata])
+}
+
+Checkpoint open_dcp_path(const std::filesystem::path& path, MetaTrees trees) {
   std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    throw Error(ErrorKind::kFormat, path.string(), std::nullopt,
+                "this file is part of the DCP checkpoint in " + parent_of(path).string() + ": pass the directory");
+  }
+  return open_dcp(path, trees);
+}
+
+std::string dcp_near_miss(const Probe& p) {
+  std::error_code ec;
+  if (!p.directory) return {};
   if (std::filesystem::exists(p.path / ".metadata.tmp", ec)) {
     return "directory has .metadata.tmp but no .metadata: the save died before it committed (incomplete checkpoint)";
   }
-  return "directory has no .metadata: not a DCP checkpoint, or an incomplete one";
+  return {};
 }
 
 }  // namespace
 
-const Driver kDcpDriver{"DCP directory", detect_dcp, open_dcp, dcp_near_miss};
+const Driver kDcpDriver{"DCP directory", detect_dcp, open_dcp_path, dcp_near_miss};
 
 }  // namespace formats
 }  // namespace ckpt

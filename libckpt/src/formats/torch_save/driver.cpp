@@ -6,6 +6,7 @@
 #include "ckpt/error.hpp"
 #include "ckpt/formats/torch_save.hpp"
 #include "formats/driver.hpp"
+#include "formats/torch_save/legacy.hpp"
 
 namespace ckpt {
 namespace {
@@ -66,6 +67,10 @@ const Driver kTorchSaveDriver{
     "torch.save zip",
     [](const Probe& p) { return !p.directory && looks_like_torch_save(*p.file) ? Format::kTorchSave : Format::kUnknown; },
     open_torch_save_checkpoint,
+    [](const Probe& p) {
+      if (!p.directory) detail::refuse_legacy_torch_save(*p.file);  // says which legacy format it is
+      return std::string();
+    },
 };
 
 }  // namespace formats

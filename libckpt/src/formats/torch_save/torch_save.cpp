@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "ckpt/error.hpp"
+#include "formats/torch_save/legacy.hpp"
 #include "io/cursor.hpp"
 #include "open_index.hpp"
 #include "zip/crc32.hpp"
@@ -30,7 +31,9 @@ std::string trim(std::string s) {
   return s;
 }
 
-[[noreturn]] void refuse_non_zip(const ByteSource& src) {
+}  // namespace
+
+void detail::refuse_legacy_torch_save(const ByteSource& src) {
   std::byte head[16] = {};
   const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(src.size(), sizeof head));
   src.read_at(0, std::span(head).first(n));
@@ -47,6 +50,15 @@ std::string trim(std::string s) {
                   "this is the legacy tar-based torch.save format (torch < 0.4), which is not supported");
     }
   }
+}
+
+namespace {
+
+[[noreturn]] void refuse_non_zip(const ByteSource& src) {
+  detail::refuse_legacy_torch_save(src);
+  std::byte head[4] = {};
+  const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(src.size(), sizeof head));
+  src.read_at(0, std::span(head).first(n));
   char hex[64];
   std::snprintf(hex, sizeof hex, "%02x %02x %02x %02x", n > 0 ? static_cast<unsigned>(head[0]) : 0u,
                 n > 1 ? static_cast<unsigned>(head[1]) : 0u, n > 2 ? static_cast<unsigned>(head[2]) : 0u,
