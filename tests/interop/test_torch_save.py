@@ -5,6 +5,8 @@ torch.save's files, and a re-save that must reproduce torch's bytes exactly."""
 import collections
 import io
 import os
+import subprocess
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -187,6 +189,53 @@ def test_legacy_file_is_refused_by_name():
     assert r.returncode == 1 and "legacy torch.save format" in r.stderr and "offset 0" in r.stderr, r.stderr
 
 
+def test_huggingface_folders():
+    """A model folder as transformers' save_pretrained(safe_serialization=False) shards it:
+    pytorch_model-0000s-of-00002.bin files of the state dict's tensors and pytorch_model.bin.index.json
+    ({"metadata": {"total_size"}, "weight_map"}, indented by 2 with sorted keys). Read as one
+    checkpoint, every tensor equal to torch.load of its shard; merged to safetensors and compared;
+    that file as a folder's model.safetensors; an index that names the wrong shard is refused."""
+    import json
+    torch.manual_seed(3)
+    state = {"model.embed_tokens.weight": torch.randn(8, 4), "model.layers.0.mlp.up_proj.weight": torch.randn(6, 4),
+             "model.norm.weight": torch.ones(4).to(torch.bfloat16), "lm_head.weight": torch.randn(8, 4)}
+    folder = os.path.join(work, "hf_bin")
+    os.makedirs(folder, exist_ok=True)
+    names = list(state)
+    shards = {"pytorch_model-00001-of-00002.bin": names[:2], "pytorch_model-00002-of-00002.bin": names[2:]}
+    weight_map = {}
+    for f, keys in shards.items():
+        torch.save({k: state[k] for k in keys}, os.path.join(folder, f))
+        weight_map.update({k: f for k in keys})
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    with open(os.path.join(folder, "pytorch_model.bin.index.json"), "w") as f:
+        f.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n")
+    ours = probe_json(a, "dump-checkpoint", folder)
+    assert {t["name"] for t in ours["tensors"]} == set(state), sorted(t["name"] for t in ours["tensors"])
+    for t in ours["tensors"]:
+        v = torch.load(os.path.join(folder, weight_map[t["name"]]))[t["name"]]
+        assert "torch." + t["dtype"] == str(v.dtype) and t["shape"] == list(v.shape), t["name"]
+        assert bytes.fromhex(t["hex"]) == tensor_bytes(torch, v), f"{t['name']}: values differ from torch.load of its shard"
+    r = subprocess.run([a.inspect, "--json", folder], capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["format"] == "torch-save-index", r.stdout[-500:] + r.stderr
+    merged = os.path.join(work, "hf_bin.safetensors")
+    r = subprocess.run([a.merge, folder, "-o", merged], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = subprocess.run([a.inspect, "diff", folder, merged], capture_output=True, text=True)
+    assert d.returncode == 0 and "0 differ" in d.stdout, d.stdout + d.stderr
+    st_folder = os.path.join(work, "hf_st")
+    os.makedirs(st_folder, exist_ok=True)
+    shutil.copyfile(merged, os.path.join(st_folder, "model.safetensors"))
+    d = subprocess.run([a.inspect, "diff", folder, st_folder], capture_output=True, text=True)
+    assert d.returncode == 0 and "0 differ" in d.stdout, d.stdout + d.stderr
+    # The index names lm_head in the first shard, which does not hold it.
+    weight_map["lm_head.weight"] = "pytorch_model-00001-of-00002.bin"
+    with open(os.path.join(folder, "pytorch_model.bin.index.json"), "w") as f:
+        f.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n")
+    r = probe(a, "dump-checkpoint", folder, expect_ok=False)
+    assert r.returncode == 1 and "weight_map names 'lm_head.weight' in pytorch_model-00001-of-00002.bin, which does not hold it" in r.stderr, r.stderr
+
+
 check("our writer's sample loads with torch.load(weights_only=True)", test_our_sample_loads_weights_only)
 check("our reader agrees with torch.load on torch.save files", test_reader_on_torch_files)
 check("re-saving a torch.save file reproduces torch's bytes", test_resave_is_byte_identical_to_torch)
@@ -201,4 +250,6 @@ if os.path.isdir(os.path.join(a.shared, "pytorch__torchtune__tiny-fair-checkpoin
 else:
     skip("real torchtune checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
 check("a legacy (non-zip) torch.save file is refused by name", test_legacy_file_is_refused_by_name)
+check("Hugging Face folders (sharded pytorch_model.bin with its index; model.safetensors): ours == torch.load of each shard, "
+      "merged and diffed", test_huggingface_folders)
 finish()

@@ -45,8 +45,9 @@ std::span<const Driver* const> drivers();
 /// Each format's driver, defined beside its reader.
 extern const Driver kTorchSaveDriver;
 extern const Driver kSafetensorsDriver;
-extern const Driver kSafetensorsIndexDriver;
 extern const Driver kDcpDriver;
 extern const Driver kHdf5Driver;
+extern const Driver kHuggingFaceIndexDriver;
+extern const Driver kHuggingFaceFolderDriver;
 
 }  // namespace ckpt::formats

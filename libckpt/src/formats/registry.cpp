@@ -16,9 +16,9 @@ namespace formats {
 
 std::span<const Driver* const> drivers() {
   // A file's drivers look at its signature; order matters only where one could be mistaken for
-  // another (a safetensors index is plain JSON, so it is asked last).
-  static constexpr std::array<const Driver*, 5> kDrivers = {
-      &kDcpDriver, &kTorchSaveDriver, &kSafetensorsDriver, &kHdf5Driver, &kSafetensorsIndexDriver,
+  // another (an index is plain JSON, so it is asked last; a DCP directory before a folder).
+  static constexpr std::array<const Driver*, 6> kDrivers = {
+      &kDcpDriver, &kHuggingFaceFolderDriver, &kTorchSaveDriver, &kSafetensorsDriver, &kHdf5Driver, &kHuggingFaceIndexDriver,
   };
   return kDrivers;
 }
@@ -28,6 +28,7 @@ std::span<const Driver* const> drivers() {
 std::string_view to_string(Format format) noexcept {
   switch (format) {
     case Format::kTorchSave: return "torch-save";
+    case Format::kTorchSaveIndex: return "torch-save-index";
     case Format::kSafetensors: return "safetensors";
     case Format::kSafetensorsIndex: return "safetensors-index";
     case Format::kDcp: return "dcp";

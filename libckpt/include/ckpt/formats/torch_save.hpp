@@ -234,6 +234,11 @@ class TorchSaveBuilder {
 /// MetaTrees::kKeep the whole pickle tree is kept under the file's name.
 Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTrees trees = MetaTrees::kDrop);
 
+/// A Hugging Face `pytorch_model.bin.index.json`: its torch.save shards (file names inside the
+/// index's directory) read as one checkpoint of their tensors; a tensor the weight_map names must be
+/// in the shard it names.
+Checkpoint open_torch_save_index_checkpoint(const std::filesystem::path& path);
+
 /// The entry of tensor `t` of torch.save file `f`, whose bytes are file `file` of a checkpoint:
 /// one raw chunk over its storage record, its view (offset, strides) kept. No bytes are read.
 TensorEntry torch_save_tensor_entry(const TorchSaveFile& f, const TorchTensor& t, std::size_t file);

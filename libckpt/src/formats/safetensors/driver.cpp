@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The safetensors drivers: a single file (ckpt/formats/safetensors.hpp), and a Hugging Face
-// shard set read through its `model.safetensors.index.json` (shard_set.cpp).
+// The safetensors driver: a single file (ckpt/formats/safetensors.hpp). Shard sets with an index
+// are Hugging Face's (formats/huggingface/).
 #include "ckpt/error.hpp"
 #include "ckpt/formats/safetensors.hpp"
 #include "formats/driver.hpp"
-#include "formats/safetensors/shard_set.hpp"
+#include "formats/safetensors/tensor_entry.hpp"
 
 namespace ckpt {
 
@@ -38,29 +38,11 @@ Checkpoint open_safetensors_checkpoint(const std::filesystem::path& path) {
 }
 
 namespace formats {
-namespace {
-
-// A JSON object with a weight_map near its start: a sharded safetensors index.
-Format detect_index(const Probe& p) {
-  if (p.directory) return Format::kUnknown;
-  const std::string_view text(reinterpret_cast<const char*>(p.head.data()), p.head.size());
-  const auto first = text.find_first_not_of(" \t\r\n");
-  const bool index = first != std::string_view::npos && text[first] == '{' && text.find("\"weight_map\"") != std::string_view::npos;
-  return index ? Format::kSafetensorsIndex : Format::kUnknown;
-}
-
-}  // namespace
 
 const Driver kSafetensorsDriver{
     "safetensors",
     [](const Probe& p) { return !p.directory && looks_like_safetensors(*p.file) ? Format::kSafetensors : Format::kUnknown; },
     [](const std::filesystem::path& path, MetaTrees) { return open_safetensors_checkpoint(path); },
-};
-
-const Driver kSafetensorsIndexDriver{
-    "safetensors index",
-    detect_index,
-    [](const std::filesystem::path& path, MetaTrees) { return open_safetensors_index_checkpoint(path); },
 };
 
 }  // namespace formats

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Hugging Face shard sets (docs/formats/safetensors.md#sharded-sets): `model-0000s-of-0000n.
-// safetensors` files beside `model.safetensors.index.json`, read as one checkpoint and planned
-// for writing.
-#include "formats/safetensors/shard_set.hpp"
+// safetensors` (or `pytorch_model-0000s-of-0000n.bin`) files beside their index, read as one
+// checkpoint; safetensors shard sets planned for writing.
+#include "formats/huggingface/weight_map.hpp"
+#include "formats/safetensors/tensor_entry.hpp"
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/error.hpp"
+#include "ckpt/formats/torch_save.hpp"
 
 namespace ckpt {
 
@@ -62,7 +65,7 @@ SafetensorsShardSet plan_safetensors_shards(std::vector<SafetensorsEntry> entrie
   return set;
 }
 
-Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) {
+Checkpoint detail::open_weight_map(const std::filesystem::path& path, Format format, const std::string& kind, const AddShard& add_shard) {
   constexpr std::uint64_t kMaxIndex = std::uint64_t{256} << 20;
   SourcePtr src = open_file(path);
   if (src->size() > kMaxIndex) throw Error(ErrorKind::kFormat, path.string(), std::nullopt, "index larger than 256 MiB");
@@ -74,10 +77,10 @@ Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) 
     throw Error(ErrorKind::kFormat, path.string(), e.byte > 0 ? e.byte - 1 : 0, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    throw Error(ErrorKind::kFormat, path.string(), 0, "not a safetensors index: no \"weight_map\" object");
+    throw Error(ErrorKind::kFormat, path.string(), 0, "not a " + kind + " index: no \"weight_map\" object");
   }
   Checkpoint c;
-  c.format = Format::kSafetensorsIndex;
+  c.format = format;
   c.root = path;
   const std::filesystem::path dir = path.parent_path();
   std::error_code ec;
@@ -102,31 +105,55 @@ Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) 
     if (!resolves_inside(dir.empty() ? std::filesystem::path(".") : dir, p)) {
       throw Error(ErrorKind::kFormat, p.string(), std::nullopt, "shard named by the index is a symbolic link that leads outside its directory");
     }
-    SourcePtr shard = open_file(p);
-    SafetensorsFile sf = read_safetensors(shard);
     index = c.files.size();
-    c.files.push_back({f, p, shard->size()});
-    for (const auto& t : sf.tensors) {
-      auto it = expected.find(t.name);
+    c.files.push_back({f, p, std::filesystem::file_size(p, ec)});
+    // A tensor of the shard is taken when the weight_map names it under this file.
+    add_shard(c, p, index, [&](const std::string& name) {
+      auto it = expected.find(name);
       if (it == expected.end() || it->second != f) {
-        c.notes.push_back("tensor '" + t.name + "' in " + f + " is not in the weight_map" +
+        c.notes.push_back("tensor '" + name + "' in " + f + " is not in the weight_map" +
                           (it == expected.end() ? std::string() : " under this file (it names " + it->second + ")"));
-        continue;
+        return false;
       }
       expected.erase(it);
-      detail::add_safetensors_tensor(c, t, index);
-    }
+      return true;
+    });
   }
   if (!expected.empty()) {
     throw Error(ErrorKind::kFormat, path.string(), std::nullopt,
                 "weight_map names '" + expected.begin()->first + "' in " + expected.begin()->second + ", which does not hold it" +
                     (expected.size() > 1 ? " (and " + std::to_string(expected.size() - 1) + " more)" : ""));
   }
-  c.writer = "Hugging Face sharded safetensors, " + std::to_string(shard_of.size()) + " shards";
+  c.writer = "Hugging Face sharded " + kind + ", " + std::to_string(shard_of.size()) + " shards";
   if (j.contains("metadata") && j["metadata"].is_object()) {
     for (const auto& [k, v] : j["metadata"].items()) c.metadata.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
   }
   return c;
+}
+
+Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) {
+  return detail::open_weight_map(path, Format::kSafetensorsIndex, "safetensors", [](Checkpoint& c, const std::filesystem::path& shard, std::size_t file,
+                                                                                   const std::function<bool(const std::string&)>& take) {
+    const SafetensorsFile sf = read_safetensors(open_file(shard));
+    for (const auto& t : sf.tensors) {
+      if (take(t.name)) detail::add_safetensors_tensor(c, t, file);
+    }
+  });
+}
+
+Checkpoint open_torch_save_index_checkpoint(const std::filesystem::path& path) {
+  return detail::open_weight_map(path, Format::kTorchSaveIndex, "torch.save", [](Checkpoint& c, const std::filesystem::path& shard,
+                                                                                  std::size_t file, const std::function<bool(const std::string&)>& take) {
+    const TorchSaveFile f = read_torch_save(open_mmap(shard));
+    for (const TorchTensor& t : f.tensors) {
+      if (!take(t.name)) continue;
+      c.tensors.push_back(torch_save_tensor_entry(f, t, file));
+      c.tensors.back().position = c.tensors.size() - 1;
+    }
+    if (!f.objects.empty()) {
+      c.notes.push_back(std::to_string(f.objects.size()) + " values of " + shard.filename().string() + " that are not tensors are not read (a weight file holds tensors)");
+    }
+  });
 }
 
 }  // namespace ckpt
