@@ -118,6 +118,11 @@ std::string dcp_near_miss(const Probe& p) {
   if (std::filesystem::exists(p.path / ".metadata.tmp", ec)) {
     return "directory has .metadata.tmp but no .metadata: the save died before it committed (incomplete checkpoint)";
   }
+  for (const auto& e : std::filesystem::directory_iterator(p.path, ec)) {
+    if (e.path().extension() == ".distcp") {
+      return "directory has DCP data files (" + e.path().filename().string() + ") but no .metadata: the save did not commit (incomplete checkpoint)";
+    }
+  }
   return {};
 }
 
