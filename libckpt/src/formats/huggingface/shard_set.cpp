@@ -97,7 +97,8 @@ Checkpoint detail::open_weight_map(const std::filesystem::path& path, Format for
   }
   std::map<std::string, std::string> expected;  // tensor -> shard
   for (const auto& [name, file] : j["weight_map"].items()) expected[name] = file.get<std::string>();
-  for (auto& [f, index] : shard_of) {
+  for (auto& [shard_name, index] : shard_of) {
+    const std::string& f = shard_name;  // a reference the lambda below can capture
     const std::filesystem::path p = dir / f;
     if (!std::filesystem::is_regular_file(p, ec)) {
       throw Error(ErrorKind::kIo, p.string(), std::nullopt, "shard named by the index is missing");
