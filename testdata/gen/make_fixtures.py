@@ -23,6 +23,14 @@ def tiny_state_dict():
     return path
 
 
-for p in [tiny_state_dict()]:
+def legacy_tiny_state_dict():
+    # The same object in the legacy format (docs/formats/torch_save.md#legacy-format); its storage
+    # keys are the storages' addresses, so each run writes other bytes.
+    path = os.path.join(root, "torch_save", "legacy_tiny_state_dict.pt")
+    torch.save(torch.load(tiny_state_dict()), path, _use_new_zipfile_serialization=False)
+    return path
+
+
+for p in [tiny_state_dict(), legacy_tiny_state_dict()]:
     data = open(p, "rb").read()
     print(f"{os.path.relpath(p, root)}  {len(data)} bytes  sha256 {hashlib.sha256(data).hexdigest()}  torch {torch.__version__}")

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target: the zip reader and the torch.save reader on top of it.
+// libFuzzer target: the zip reader and the torch.save reader (zip archives and the legacy format).
 #include <cstddef>
 #include <cstdint>
 

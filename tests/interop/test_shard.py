@@ -382,6 +382,16 @@ for w in (1, 2, 3, 4, 7):
     check(f"our 2.x-layout 3-rank DCP -> {w} ranks (dtensor)", roundtrip(our_sample(3), w, layout="dtensor"))
     check(f"torch.save file (tiny_state_dict.pt) -> {w} ranks", roundtrip(os.path.join(a.testdata, "torch_save", "tiny_state_dict.pt"), w))
 check("our 2.x-layout 2-rank zstd DCP -> 3 ranks", roundtrip(our_sample(2, "zstd"), 3))
+
+
+def legacy_file():
+    """tiny_state_dict.pt re-saved by torch.save in the legacy (pre-1.6) format."""
+    path = os.path.join(work, "tiny_legacy.pt")
+    torch.save(torch.load(os.path.join(a.testdata, "torch_save", "tiny_state_dict.pt")), path, _use_new_zipfile_serialization=False)
+    return path
+
+
+check("legacy torch.save file (torch < 1.6 format) -> 3 ranks", roundtrip(legacy_file(), 3))
 for m, n in ((2, 3), (4, 2), (2, 4), (4, 7)):
     check(f"reshard {m} -> {n} equals sharding the merged tensors directly", reshard(m, n))
 check("layout fidelity: 2-rank fixture's merged file -> 2 ranks reproduces PyTorch's chunks and files", layout_fidelity(2))

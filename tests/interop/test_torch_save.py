@@ -182,11 +182,84 @@ def test_real_torchtune_checkpoint():
     assert "byteorder" in dump["records"]
 
 
-def test_legacy_file_is_refused_by_name():
-    path = os.path.join(work, "legacy.pt")
-    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
-    r = probe(a, "dump-torch", path, expect_ok=False)
-    assert r.returncode == 1 and "legacy torch.save format" in r.stderr and "offset 0" in r.stderr, r.stderr
+def legacy_files():
+    """torch_files() as torch.save writes them in the legacy format (_legacy_save: pickles, then the
+    storages), and one as Python 2 pickled it: its str keys SHORT_BINSTRING, not BINUNICODE."""
+    files = {}
+    for fname, obj in torch_files().items():
+        path = os.path.join(work, "legacy_" + fname)
+        torch.save(obj, path, _use_new_zipfile_serialization=False)
+        files[path] = obj
+    import pickletools
+    src = os.path.join(work, "legacy_module.pt")
+    data = open(src, "rb").read()
+    pos, py2 = 0, bytearray()
+    for _ in range(5):  # magic, protocol, system info, object, storage keys
+        ops = list(pickletools.genops(data[pos:]))
+        end = pos + ops[-1][2] + 1
+        chunk = data[pos:end]
+        for i, (op, arg, at) in enumerate(ops):
+            nxt = ops[i + 1][2] if i + 1 < len(ops) else len(chunk)
+            if op.name == "BINUNICODE" and arg.isascii() and len(arg) < 256:
+                py2 += b"U" + bytes([len(arg)]) + arg.encode("ascii")
+            else:
+                py2 += chunk[at:nxt]
+        pos = end
+    py2 += data[pos:]
+    path = os.path.join(work, "legacy_py2.pt")
+    open(path, "wb").write(bytes(py2))
+    assert b"U\x05model" in py2 and torch.load(path)["model"].keys() == files[src]["model"].keys()
+    files[path] = files[src]
+    return files
+
+
+def test_legacy_files():
+    """Legacy files read as torch.load reads them; merged into each output format, verified, and
+    a merge loads in torch equal to torch.load of the legacy file."""
+    files = legacy_files()
+    for path, obj in files.items():
+        dump = compare_reader(path, torch.load(path))
+        if path.endswith("shared.pt"):
+            assert len({t["storage"] for t in dump["tensors"]}) == 1, "shared storage split"
+        r = subprocess.run([a.inspect, "verify", path], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+    path = os.path.join(work, "legacy_module.pt")
+    r = subprocess.run([a.inspect, "--json", path], capture_output=True, text=True)
+    assert r.returncode == 0 and "legacy format" in __import__("json").loads(r.stdout)["writer"], r.stdout[-300:] + r.stderr
+    for src in (path, os.path.join(work, "legacy_py2.pt"), os.path.join(work, "legacy_dtypes.pt")):
+        want = torch.load(src)
+        merged = src + ".merged.pt"
+        r = subprocess.run([a.merge, src, "-o", merged, "-q"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        got = torch.load(merged)
+        # merge names a torch.save file's leaves by their keys joined with '.'
+        flat = {}
+
+        def flatten(v, name):
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    flatten(x, f"{name}.{k}" if name else str(k))
+            elif isinstance(v, (list, tuple)):
+                for i, x in enumerate(v):
+                    flatten(x, f"{name}.{i}")
+            else:
+                flat[name] = v
+        flatten(want, "")
+        assert sorted(got) == sorted(flat), (list(got), list(flat))  # tensors first, then the other leaves
+        for k, v in flat.items():
+            if isinstance(v, torch.Tensor):
+                assert got[k].dtype == v.dtype and tensor_bytes(torch, got[k]) == tensor_bytes(torch, v), k
+            else:
+                assert got[k] == v, k
+        for fmt in ("safetensors", "h5"):
+            out = src + ".merged." + fmt
+            # complex tensors: safetensors has no dtype for them
+            r = subprocess.run([a.merge, src, "-o", out, "-q", "--exclude", "c64", "--exclude", "c128"], capture_output=True, text=True)
+            if fmt == "h5" and r.returncode != 0 and "HDF5 is not available" in r.stderr:
+                continue
+            assert r.returncode == 0, r.stderr
+            d = subprocess.run([a.inspect, "diff", src, out, "--exclude", "c64", "--exclude", "c128"], capture_output=True, text=True)
+            assert d.returncode == 0 and "0 differ" in d.stdout, d.stdout + d.stderr
 
 
 def test_huggingface_folders():
@@ -249,7 +322,8 @@ if os.path.isdir(os.path.join(a.shared, "pytorch__torchtune__tiny-fair-checkpoin
     check("real torchtune checkpoint agrees with torch.load", test_real_torchtune_checkpoint)
 else:
     skip("real torchtune checkpoint", f"{a.shared} is absent (the shared real-checkpoint folder)")
-check("a legacy (non-zip) torch.save file is refused by name", test_legacy_file_is_refused_by_name)
+check("legacy (pre-1.6, non-zip) torch.save files, Python 3 and Python 2 pickles: read as torch.load reads them, "
+      "verified, merged to torch.save (equal to torch.load), safetensors and HDF5", test_legacy_files)
 check("Hugging Face folders (sharded pytorch_model.bin with its index; model.safetensors): ours == torch.load of each shard, "
       "merged and diffed", test_huggingface_folders)
 finish()

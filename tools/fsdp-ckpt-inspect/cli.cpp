@@ -18,7 +18,7 @@ InspectApp make_inspect_app(InspectCliOptions& o) {
   CLI::App& app = *a.app;
   app.name("fsdp-ckpt-inspect");
   setup_app(app, "fsdp-ckpt-inspect",
-            "Show what a checkpoint holds (DCP or Lightning directory, torch.save zip, safetensors), "
+            "Show what a checkpoint holds (DCP or Lightning directory, torch.save, safetensors, Hugging Face folder), "
             "without loading tensor data; verify, summarize and compare checkpoints.");
   app.add_option("path", o.path, "checkpoint to inspect; the format is detected from its content")->check(CLI::ExistingPath);
   app.add_flag("--json", o.json, "print one JSON object (schema 1) instead of the table");

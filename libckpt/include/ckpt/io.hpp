@@ -39,6 +39,10 @@ class ByteSource {
   /// the whole pages inside it back to the system (they are read again if needed); others ignore it.
   virtual void release(std::uint64_t offset, std::uint64_t length) const;
 
+  /// All of this source's bytes: a view where they are in memory, else read into `owned` (which
+  /// then holds them for as long as the span is used).
+  std::span<const std::byte> whole(std::vector<std::byte>& owned) const;
+
   /// Reads [`offset`, `offset + length`) into a new buffer, after checking the range against
   /// size() (so a length read from a file cannot make us allocate more than the file holds).
   std::vector<std::byte> read_vector(std::uint64_t offset, std::uint64_t length) const;

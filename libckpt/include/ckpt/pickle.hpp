@@ -229,6 +229,12 @@ struct ParseOptions {
 ValuePtr parse(std::span<const std::byte> bytes, const std::string& source, std::uint64_t base = 0,
                const ParseOptions& options = {});
 
+/// Parses the pickle at the start of `bytes`, which may go on past its STOP (a file of several
+/// pickles, as the legacy torch.save format is); `end` gets the position after the STOP. Otherwise
+/// as parse().
+ValuePtr parse_prefix(std::span<const std::byte> bytes, const std::string& source, std::uint64_t& end, std::uint64_t base = 0,
+                      const ParseOptions& options = {});
+
 /// Writes `root` as a pickle of `protocol` (2, 3, 4 or 5) the way CPython's pickler does:
 /// memoizing every object it memoizes (BINPUT below protocol 4, MEMOIZE and 64 KiB FRAMEs from 4),
 /// GET for a node written before, Python 2 module names under protocol 2. `on_persistent_id` is

@@ -177,6 +177,12 @@ void ByteSource::check_range(std::uint64_t offset, std::uint64_t length, std::st
   }
 }
 
+std::span<const std::byte> ByteSource::whole(std::vector<std::byte>& owned) const {
+  if (auto v = view(0, size())) return *v;
+  owned = read_vector(0, size());
+  return owned;
+}
+
 std::vector<std::byte> ByteSource::read_vector(std::uint64_t offset, std::uint64_t length) const {
   check_range(offset, length, "read");
   std::vector<std::byte> out(static_cast<std::size_t>(length));

@@ -43,7 +43,8 @@ class Verifier {
     }
     for (const auto& t : c_.tensors) check_tensor(t);
     for (const auto& o : c_.objects) check_object(o);
-    if (depth_ == VerifyDepth::kDeep && c_.format == Format::kTorchSave && !c_.files.empty() && c_.files[0].size) {
+    if (depth_ == VerifyDepth::kDeep && c_.format == Format::kTorchSave && !c_.files.empty() && c_.files[0].size &&
+        detail::starts_like_zip(*reader_.file(0))) {
       guarded(c_.files[0].path.string(), [&] {
         detail::ZipReader zip(reader_.file(0));
         for (const auto& e : zip.entries()) {

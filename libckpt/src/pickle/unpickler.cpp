@@ -21,7 +21,9 @@ class Unpickler {
   Unpickler(std::span<const std::byte> bytes, const std::string& source, std::uint64_t base, const ParseOptions& options)
       : in_(bytes, source, base), options_(options), referenced_(referenced_memo(bytes, options)) {}
 
-  ValuePtr run() {
+  // The pickle's value. With `end`, bytes may follow its STOP and *end gets the position after it;
+  // without, they are an error.
+  ValuePtr run(std::uint64_t* end = nullptr) {
     if (in_.at_end()) in_.fail("empty pickle: no opcodes");
     std::uint64_t next_progress = options_.progress_every;
     while (true) {
@@ -33,7 +35,9 @@ class Unpickler {
       const std::uint8_t code = in_.u8("opcode");
       if (code == op::kStop) {
         ValuePtr result = pop("STOP");
-        if (!in_.at_end()) {
+        if (end) {
+          *end = in_.position();
+        } else if (!in_.at_end()) {
           in_.fail_at(op_offset_ + 1, std::to_string(in_.remaining()) + " bytes follow the STOP opcode");
         }
         return result;
@@ -406,6 +410,11 @@ class Unpickler {
 ValuePtr parse(std::span<const std::byte> bytes, const std::string& source, std::uint64_t base,
                const ParseOptions& options) {
   return Unpickler(bytes, source, base, options).run();
+}
+
+ValuePtr parse_prefix(std::span<const std::byte> bytes, const std::string& source, std::uint64_t& end, std::uint64_t base,
+                      const ParseOptions& options) {
+  return Unpickler(bytes, source, base, options).run(&end);
 }
 
 }  // namespace ckpt::pickle

@@ -23,6 +23,13 @@ std::string hex32(std::uint32_t v) {
 
 }  // namespace
 
+bool starts_like_zip(const ByteSource& source) {
+  if (source.size() < 4) return false;
+  std::byte head[4];
+  source.read_at(0, head);
+  return std::memcmp(head, "PK\x03\x04", 4) == 0;
+}
+
 ZipReader::ZipReader(SourcePtr source) : source_(std::move(source)) {
   const ByteSource& src = *source_;
   const std::string& name = src.name();

@@ -33,6 +33,9 @@ struct ZipEntry {
   std::uint64_t data_offset = 0;  ///< first byte of the member's data in the source
 };
 
+/// Whether `source` starts with a zip local file header ("PK\x03\x04").
+bool starts_like_zip(const ByteSource& source);
+
 class ZipReader {
  public:
   /// Reads the central directory and every local header. Throws ckpt::Error kFormat naming

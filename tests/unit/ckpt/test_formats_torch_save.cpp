@@ -95,8 +95,8 @@ TEST_CASE("torch.save corruption table", "[ckpt][torch_save]") {
   const std::size_t view = in_good("K\x04K\x02\x85", pkl_at);                           // a view's sizes
   const std::vector<PatchRow> rows = {
       {"not a zip", [](auto& b) { b[0] = std::byte{'X'}; }, ErrorKind::kFormat, 0, "not a torch.save file"},
-      {"legacy pickle", [](auto& b) { b.assign({std::byte{0x80}, std::byte{2}, std::byte{'N'}, std::byte{'.'}}); },
-       ErrorKind::kUnsupported, 0, "legacy torch.save format"},
+      {"a pickle of another thing", [](auto& b) { b.assign({std::byte{0x80}, std::byte{2}, std::byte{'N'}, std::byte{'.'}}); },
+       ErrorKind::kFormat, 0, "this is a pickle of a None, not a torch.save file"},
       {"no version record", [](auto& b) { auto at = find(b, "archive/version", 200); b[at + 8] = std::byte{'X'}; b[find(b, "archive/version", at + 1) + 8] = std::byte{'X'}; },
        ErrorKind::kFormat, end_record, "no 'archive/version' record"},
       {"bad version", [](auto& b) { auto at = find(b, "3\n", find(b, "archive/version")); b[at] = std::byte{'x'}; }, ErrorKind::kFormat,
@@ -167,4 +167,119 @@ TEST_CASE("torch.save: a class built from plain arguments is data (Megatron's si
   const auto trap = pk::make_object(pk::make_global("signal", "signal"), pk::BuildOp::kReduce, pk::make_tuple({pk::make_int(15), pk::make_none()}));
   REQUIRE_THROWS_MATCHES(ckpt::read_torch_save(ckpt::memory_source(archive(trap), "common.pt")), ckpt::Error,
                          IsCkptError(ErrorKind::kFormat, kAnyOffset, "global 'signal.signal' would run code"));
+}
+
+namespace {
+
+// A legacy torch.save file (docs/formats/torch_save.md#legacy-format) as _legacy_save writes it:
+// magic number, protocol version, system info, {"w": 2x3 float32 view, "b": 2 bfloat16}, the sorted
+// storage keys, then each storage's element count and bytes. `keys` replaces the key list, `view`
+// makes w's storage a view of another (torch < 0.4).
+std::vector<std::byte> build_legacy(std::optional<std::vector<std::string>> keys = std::nullopt, bool view = false) {
+  auto pid = [&](const char* cls, const char* key, std::int64_t numel, pk::ValuePtr view_of) {
+    return pk::make_persistent_id(pk::make_tuple({pk::make_str("storage"), pk::make_global("torch", cls), pk::make_str(key),
+                                                  pk::make_str("cuda:0"), pk::make_int(numel), view_of ? view_of : pk::make_none()}));
+  };
+  auto tensor = [](pk::ValuePtr storage, std::int64_t offset, std::vector<std::int64_t> size, std::vector<std::int64_t> stride) {
+    auto ints = [](const std::vector<std::int64_t>& v) {
+      std::vector<pk::ValuePtr> items;
+      for (auto x : v) items.push_back(pk::make_int(x));
+      return pk::make_tuple(std::move(items));
+    };
+    return pk::make_object(pk::make_global("torch._utils", "_rebuild_tensor_v2"), pk::BuildOp::kReduce,
+                           pk::make_tuple({storage, pk::make_int(offset), ints(size), ints(stride), pk::make_bool(false),
+                                           pk::make_ordered_dict()}));
+  };
+  auto view_of = view ? pk::make_tuple({pk::make_str("140"), pk::make_int(0), pk::make_int(6)}) : nullptr;
+  auto root = pk::make_ordered_dict({{pk::make_str("w"), tensor(pid("FloatStorage", "140", 7, view_of), 1, {2, 3}, {3, 1})},
+                                     {pk::make_str("b"), tensor(pid("BFloat16Storage", "95", 2, nullptr), 0, {2}, {1})}});
+  auto magic = pk::make_int(0);
+  magic->payload = pk::Int{0, {0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19}};
+  auto sys_info = pk::make_dict({{pk::make_str("protocol_version"), pk::make_int(1001)},
+                                 {pk::make_str("little_endian"), pk::make_bool(true)},
+                                 {pk::make_str("type_sizes"), pk::make_dict({{pk::make_str("short"), pk::make_int(2)}})}});
+  std::vector<pk::ValuePtr> key_nodes;
+  for (const auto& k : keys.value_or(std::vector<std::string>{"140", "95"})) key_nodes.push_back(pk::make_str(k));
+  std::vector<std::byte> out;
+  for (const auto& v : {magic, pk::make_int(1001), sys_info, root, pk::make_list(key_nodes)}) {
+    const auto p = pk::write(*v, 2);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  auto storage = [&](std::uint64_t numel, std::size_t nbytes, std::uint8_t first) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(numel >> (8 * i)));
+    for (std::size_t i = 0; i < nbytes; ++i) out.push_back(static_cast<std::byte>(first + i));
+  };
+  storage(7, 28, 0);    // "140": 7 float32
+  storage(2, 4, 100);   // "95": 2 bfloat16
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("legacy torch.save: pickles, then the storages in key-list order", "[ckpt][torch_save]") {
+  const auto bytes = build_legacy();
+  const auto src = ckpt::memory_source(bytes, "old.pt");
+  CHECK(ckpt::looks_like_torch_save(*src));
+  auto f = ckpt::read_torch_save(src);
+  CHECK(f.legacy);
+  CHECK(f.records.empty());
+  REQUIRE(f.tensors.size() == 2);
+  CHECK(f.tensors[0].name == "w");
+  CHECK(f.tensors[0].storage_offset == 1);
+  CHECK(f.tensors[0].shape == std::vector<std::int64_t>{2, 3});
+  CHECK(f.tensors[1].dtype == DType::kBFloat16);
+  REQUIRE(f.storages.size() == 2);
+  CHECK(f.storages[0].location == "cuda:0");
+  CHECK(f.storages[0].data->size() == 28);
+  CHECK(f.storages[0].data->read_vector(0, 2) == std::vector<std::byte>{std::byte{0}, std::byte{1}});
+  CHECK(f.storages[1].data->read_vector(0, 4) == std::vector<std::byte>{std::byte{100}, std::byte{101}, std::byte{102}, std::byte{103}});
+  CHECK(ckpt::resolve_window(*f.storages[1].data).offset == bytes.size() - 4);
+}
+
+TEST_CASE("legacy torch.save corruption table", "[ckpt][torch_save]") {
+  const auto good = build_legacy();
+  const auto in_good = [&](const std::string& text, std::size_t from = 0) { return find(good, text, from); };
+  const std::size_t protocol = in_good(std::string("M\xe9\x03", 3));          // BININT2 1001, the second pickle
+  const std::size_t little = in_good("little_endian") + 13 + 2;                 // its BINPUT, then NEWTRUE
+  const std::size_t count140 = good.size() - (8 + 4) - (8 + 28);               // the first storage's element count
+  const std::vector<PatchRow> rows = {
+      {"not the magic number", [](auto& b) { b[4] = std::byte{0}; }, ErrorKind::kFormat, 0, "this is a pickle of a int, not a torch.save file"},
+      {"protocol version", [&](auto& b) { b[protocol + 1] = std::byte{0xea}; }, ErrorKind::kFormat, protocol,
+       "protocol version is 1002, expected 1001"},
+      {"big-endian", [&](auto& b) { b[little] = std::byte{0x89}; }, ErrorKind::kUnsupported, little, "big-endian"},
+      {"element count", [&](auto& b) { b[count140] = std::byte{6}; }, ErrorKind::kFormat, count140,
+       "storage '140' holds 6 elements here, but the object's tensors say 7 float32"},
+      {"truncated storage", [](auto& b) { b.resize(b.size() - 1); }, ErrorKind::kFormat, good.size() - 4,
+       "storage '95' of 4 bytes at offset"},
+      {"truncated count", [&](auto& b) { b.resize(count140 + 3); }, ErrorKind::kFormat, count140, "the element count of storage '140'"},
+      {"no storage bytes", [&](auto& b) { b.resize(count140); }, ErrorKind::kFormat, count140, "the element count of storage '140'"},
+      // the REDUCE of _rebuild_tensor_v2 (the REDUCE before it makes the backward hooks' OrderedDict)
+      {"view past the storage", [&](auto& b) { b[find(b, "K\x01K\x02K\x03", 0) + 1] = std::byte{2}; }, ErrorKind::kFormat,
+       in_good("R", in_good("R", in_good("K\x01K\x02K\x03")) + 1), "reaches element 7 of storage '140', which has 7 elements"},
+  };
+  run_patch_table(good, rows, [](const std::vector<std::byte>& bad) { return ckpt::read_torch_save(ckpt::memory_source(bad, "old.pt")); });
+
+  // Key lists that disagree with the object: the error is at the list (its EMPTY_LIST, after the
+  // fifth pickle's PROTO) or at the key.
+  auto read = [](std::vector<std::byte> b) { return ckpt::read_torch_save(ckpt::memory_source(std::move(b), "old.pt")); };
+  const auto list_at = [](const std::vector<std::byte>& b) { return find(b, std::string("\x80\x02]", 3)) + 2; };
+  const std::string key140("X\x03\x00\x00\x00" "140", 8);
+  const auto unlisted = build_legacy(std::vector<std::string>{"140"});
+  REQUIRE_THROWS_MATCHES(read(unlisted), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, list_at(unlisted), "storage '95', which the object's tensors use, is not in the list"));
+  const auto twice = build_legacy(std::vector<std::string>{"140", "140", "95"});
+  REQUIRE_THROWS_MATCHES(read(twice), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, find(twice, key140, find(twice, key140, list_at(twice)) + 1),
+                                     "storage key '140' is listed twice"));
+  const auto unused = build_legacy(std::vector<std::string>{"140", "95", "7"});
+  REQUIRE_THROWS_MATCHES(read(unused), ckpt::Error,
+                         IsCkptError(ErrorKind::kFormat, find(unused, std::string("X\x01\x00\x00\x00" "7", 6), list_at(unused)),
+                                     "storage key '7' is listed, but no tensor of the object uses it"));
+  const auto view = build_legacy(std::nullopt, true);
+  REQUIRE_THROWS_MATCHES(read(view), ckpt::Error,  // at the persistent id's BINPERSID
+                         IsCkptError(ErrorKind::kUnsupported, find(view, "Q", find(view, "cuda:0")), "saved as a view of a storage (torch < 0.4)"));
+  // The tar of torch < 0.4 is named, not read.
+  std::vector<std::byte> tar(1024);
+  std::memcpy(&tar[257], "ustar", 5);
+  REQUIRE_THROWS_MATCHES(read(tar), ckpt::Error, IsCkptError(ErrorKind::kUnsupported, 0, "tar-based torch.save format (torch < 0.4)"));
 }

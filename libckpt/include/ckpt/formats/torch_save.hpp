@@ -12,8 +12,10 @@
 // Checks on read (docs/formats/torch_save.md#reader-checks): one folder for all records; `version` present, an integer in
 // [1, 10]; `byteorder` little (big is refused as unsupported); every storage record exists and
 // holds exactly numel × element size bytes; one dtype per storage; every view inside its storage:
-// storage_offset + Σ (size_i − 1)·stride_i < numel, sizes and strides ≥ 0. Legacy (pre-1.6,
-// non-zip) files are refused with kUnsupported naming the legacy format.
+// storage_offset + Σ (size_i − 1)·stride_i < numel, sizes and strides ≥ 0.
+// The legacy format (torch < 1.6, or _use_new_zipfile_serialization=False) is read too: a sequence
+// of pickles, then the storages' bytes (docs/formats/torch_save.md#legacy-format); the tar format of
+// torch < 0.4 is refused by name.
 // What we write loads with torch.load(weights_only=True): protocol 2, GLOBAL only, the globals of docs/formats/torch_save.md#weights-only-globals.
 #pragma once
 
@@ -60,6 +62,7 @@ struct TorchTensor {
 };
 
 struct TorchSaveFile {
+  bool legacy = false;                 ///< the legacy format: no archive, records or version
   std::string archive_name;            ///< the folder all records share
   std::vector<std::string> records;    ///< record names (without the folder), in archive order
   int version = 0;
@@ -74,11 +77,13 @@ struct TorchSaveFile {
   std::map<std::string, std::vector<pickle::ValuePtr>> key_paths;
 };
 
-/// Reads the archive, the pickle and the layout of every tensor; reads no tensor bytes.
-/// Throws ckpt::Error (kFormat, kUnsupported) naming the file or record and the offset.
+/// Reads the archive (or the legacy format's pickles), the pickle and the layout of every tensor;
+/// reads no tensor bytes. Throws ckpt::Error (kFormat, kUnsupported) naming the file or record and
+/// the offset.
 TorchSaveFile read_torch_save(SourcePtr source);
 
-/// Whether `source` starts like a torch.save zip ("PK\x03\x04").
+/// Whether `source` starts like a torch.save file: a zip archive ("PK\x03\x04") or the legacy
+/// format's magic number.
 bool looks_like_torch_save(const ByteSource& source);
 
 /// Record layout to write.

@@ -329,14 +329,10 @@ std::optional<int> rank_of(const std::string& name) {
 void read_metadata_file(const std::filesystem::path& path, Checkpoint& c, MetaTrees trees) {
   SourcePtr src = open_mmap(path);
   std::vector<std::byte> owned;
-  auto bytes = src->view(0, src->size());
-  if (!bytes) {
-    owned = src->read_vector(0, src->size());
-    bytes = owned;
-  }
+  const std::span<const std::byte> bytes = src->whole(owned);
   // The pages each pass has read are given back behind it (the second pass faults them in again
   // from the page cache), so the file is never resident whole beside the index.
-  detail::read_dcp_metadata(*bytes, src->name(), c, trees, [&](std::uint64_t done) { src->release(0, done); });
+  detail::read_dcp_metadata(bytes, src->name(), c, trees, [&](std::uint64_t done) { src->release(0, done); });
 }
 
 // NOTE [Rank-local metadata]: a save with use_collectives=False (newest torch) has no .metadata.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The torch.save driver: a zip archive of records (ckpt/formats/torch_save.hpp) opened into the
-// index, one raw chunk per tensor over its storage record.
+// The torch.save driver: a zip archive of records, or the legacy format (ckpt/formats/torch_save.hpp),
+// opened into the index, one raw chunk per tensor over its storage's bytes.
 #include <algorithm>
 
 #include "ckpt/error.hpp"
@@ -47,7 +47,7 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTre
   Checkpoint c;
   c.format = Format::kTorchSave;
   c.root = path;
-  c.writer = torch_writer_guess(f.records);
+  c.writer = f.legacy ? "the legacy format: torch < 1.6, or _use_new_zipfile_serialization=False" : torch_writer_guess(f.records);
   c.files.push_back({path.filename().string(), path, src->size()});
   for (const TorchTensor& t : f.tensors) {
     c.tensors.push_back(torch_save_tensor_entry(f, t, 0));
@@ -64,11 +64,11 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTre
 namespace formats {
 
 const Driver kTorchSaveDriver{
-    "torch.save zip",
+    "torch.save",
     [](const Probe& p) { return !p.directory && looks_like_torch_save(*p.file) ? Format::kTorchSave : Format::kUnknown; },
     open_torch_save_checkpoint,
     [](const Probe& p) {
-      if (!p.directory) detail::refuse_legacy_torch_save(*p.file);  // says which legacy format it is
+      if (!p.directory) detail::refuse_other_torch_save(*p.file);  // says what it is instead
       return std::string();
     },
 };
