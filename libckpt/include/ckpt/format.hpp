@@ -7,7 +7,17 @@
 
 namespace ckpt {
 
-enum class Format { kTorchSave, kTorchSaveIndex, kSafetensors, kSafetensorsIndex, kDcp, kLightningSharded, kHdf5, kUnknown };
+enum class Format {
+  kTorchSave,
+  kTorchSaveIndex,
+  kSafetensors,
+  kSafetensorsIndex,
+  kDcp,
+  kLightningSharded,
+  kDcpSafetensors,  ///< DCP's Hugging Face storage: safetensors files with DCP_SHARDING_INFO, no .metadata
+  kHdf5,
+  kUnknown,
+};
 
 /// "torch-save", "safetensors", "dcp", ... (the names `fsdp-ckpt-inspect --json` prints).
 std::string_view to_string(Format format) noexcept;

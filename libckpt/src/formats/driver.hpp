@@ -49,5 +49,6 @@ extern const Driver kDcpDriver;
 extern const Driver kHdf5Driver;
 extern const Driver kHuggingFaceIndexDriver;
 extern const Driver kHuggingFaceFolderDriver;
+extern const Driver kDcpSafetensorsDriver;
 
 }  // namespace ckpt::formats

@@ -17,8 +17,11 @@ namespace formats {
 std::span<const Driver* const> drivers() {
   // A file's drivers look at its signature; order matters only where one could be mistaken for
   // another (an index is plain JSON, so it is asked last; a DCP directory before a folder).
-  static constexpr std::array<const Driver*, 6> kDrivers = {
-      &kDcpDriver, &kHuggingFaceFolderDriver, &kTorchSaveDriver, &kSafetensorsDriver, &kHdf5Driver, &kHuggingFaceIndexDriver,
+  // DCP's Hugging Face storage is asked after the folder, which reads such files through their
+  // index when there is one.
+  static constexpr std::array<const Driver*, 7> kDrivers = {
+      &kDcpDriver,         &kHuggingFaceFolderDriver, &kDcpSafetensorsDriver,    &kTorchSaveDriver,
+      &kSafetensorsDriver, &kHdf5Driver,              &kHuggingFaceIndexDriver,
   };
   return kDrivers;
 }
@@ -33,6 +36,7 @@ std::string_view to_string(Format format) noexcept {
     case Format::kSafetensorsIndex: return "safetensors-index";
     case Format::kDcp: return "dcp";
     case Format::kLightningSharded: return "lightning-sharded";
+    case Format::kDcpSafetensors: return "dcp-safetensors";
     case Format::kHdf5: return "hdf5";
     case Format::kUnknown: return "unknown";
   }

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+// DCP's Hugging Face storage (docs/formats/dcp.md#hugging-face-storage): what torch's
+// HuggingFaceStorageWriter leaves, safetensors files without a .metadata, named
+// `shard-0000r-model-0000k-of-0000n.safetensors` (save_sharded: each rank its own) or
+// `model-0000k-of-0000n.safetensors`. A file's __metadata__ may carry DCP_SHARDING_INFO, the JSON
+// {fqn: {"saved_offsets": [...]}}: its tensors are then chunks at those offsets, else whole
+// tensors at offset 0. Read as HuggingFaceStorageReader.read_metadata reads them: every such file
+// of the directory, each tensor's shape the furthest extent of its chunks.
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <vector>
+
+#include "ckpt/error.hpp"
+#include "ckpt/formats/safetensors.hpp"
+#include "formats/driver.hpp"
+
+namespace ckpt::formats {
+namespace {
+
+constexpr std::string_view kShardingInfo = "DCP_SHARDING_INFO";
+
+// The directory's files as the writer names them, sorted; a symbolic link that leads outside is
+// left out (it is not read).
+std::vector<std::filesystem::path> storage_files(const std::filesystem::path& dir) {
+  static const std::regex kName(R"((shard-\d{5}-)?model-\d{5}-of-\d{5}\.safetensors)");
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (std::regex_match(e.path().filename().string(), kName) && e.is_regular_file(ec)) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Format detect(const Probe& p) {
+  std::error_code ec;
+  if (!p.directory || std::filesystem::exists(p.path / ".metadata", ec)) return Format::kUnknown;
+  return storage_files(p.path).empty() ? Format::kUnknown : Format::kDcpSafetensors;
+}
+
+// Each tensor of `f` (file `file` of the checkpoint) with its saved offsets.
+std::vector<std::vector<std::int64_t>> saved_offsets(const SafetensorsFile& f) {
+  const std::string& name = f.source->name();
+  std::vector<std::vector<std::int64_t>> out;
+  const auto info = std::find_if(f.metadata.begin(), f.metadata.end(), [](const auto& kv) { return kv.first == kShardingInfo; });
+  if (info == f.metadata.end()) {
+    for (const SafetensorsTensor& t : f.tensors) out.emplace_back(t.shape.size(), 0);
+    return out;
+  }
+  auto fail = [&](const std::string& what) { throw Error(ErrorKind::kFormat, name, 8, "__metadata__ " + std::string(kShardingInfo) + " " + what); };
+  const nlohmann::json j = nlohmann::json::parse(info->second, nullptr, false);
+  if (!j.is_object()) fail("is not a JSON object");
+  for (const SafetensorsTensor& t : f.tensors) {
+    const auto it = j.find(t.name);
+    if (it == j.end()) fail("has no entry for tensor '" + t.name + "'");
+    const auto at = it->is_object() ? it->find("saved_offsets") : it->end();
+    if (!it->is_object() || at == it->end() || !at->is_array() || at->size() != t.shape.size()) {
+      fail("entry of '" + t.name + "' has no saved_offsets of " + std::to_string(t.shape.size()) + " ints");
+    }
+    std::vector<std::int64_t> offsets;
+    for (std::size_t d = 0; d < t.shape.size(); ++d) {
+      const auto& o = (*at)[d];
+      if (!o.is_number_unsigned() || o.get<std::uint64_t>() > (std::uint64_t{1} << 62) - t.shape[d]) {
+        fail("entry of '" + t.name + "' has saved offset " + o.dump() + ", not an int in [0, 2^62 - size)");
+      }
+      offsets.push_back(o.get<std::int64_t>());
+    }
+    out.push_back(std::move(offsets));
+  }
+  return out;
+}
+
+Checkpoint open(const std::filesystem::path& dir, MetaTrees) {
+  Checkpoint c;
+  c.format = Format::kDcpSafetensors;
+  c.root = dir;
+  std::map<std::string, std::size_t> by_name;  // tensor name -> its entry
+  bool sharded = false;
+  for (const std::filesystem::path& p : storage_files(dir)) {
+    const SafetensorsFile f = read_safetensors(open_file(p));
+    const std::vector<std::vector<std::int64_t>> offsets = saved_offsets(f);
+    const std::size_t file = c.files.size();
+    c.files.push_back({p.filename().string(), p, f.source->size()});
+    for (std::size_t i = 0; i < f.tensors.size(); ++i) {
+      const SafetensorsTensor& t = f.tensors[i];
+      const std::vector<std::int64_t> sizes(t.shape.begin(), t.shape.end());
+      auto [it, added] = by_name.emplace(t.name, c.tensors.size());
+      if (added) {
+        TensorEntry e;
+        e.name = t.name;
+        e.dtype = t.dtype;
+        e.shape = std::vector<std::int64_t>(sizes.size(), 0);
+        e.position = c.tensors.size();
+        c.tensors.push_back(std::move(e));
+      }
+      TensorEntry& e = c.tensors[it->second];
+      if (e.dtype != t.dtype || e.shape.size() != sizes.size()) {
+        throw Error(ErrorKind::kMismatch, p.string(), 8,
+                    "tensor '" + t.name + "' is " + std::string(name(t.dtype)) + " of " + std::to_string(sizes.size()) +
+                        " dimensions here, " + std::string(name(e.dtype)) + " of " + std::to_string(e.shape.size()) + " in " +
+                        c.files[e.chunks.front().location->file].relative);
+      }
+      for (std::size_t d = 0; d < sizes.size(); ++d) {
+        e.shape[d] = std::max(e.shape[d], offsets[i][d] + sizes[d]);
+        sharded = sharded || offsets[i][d] != 0;
+      }
+      ChunkLocation loc;
+      loc.file = static_cast<std::uint32_t>(file);
+      loc.offset = t.begin;
+      loc.length = t.end - t.begin;
+      e.chunks.push_back({offsets[i], sizes, loc});
+    }
+  }
+  c.writer = std::string("torch.distributed.checkpoint HuggingFaceStorageWriter") + (sharded ? " (sharded)" : "") + ", " +
+             std::to_string(c.files.size()) + " files";
+  return c;
+}
+
+}  // namespace
+
+const Driver kDcpSafetensorsDriver{"DCP Hugging Face storage", detect, open};
+
+}  // namespace ckpt::formats

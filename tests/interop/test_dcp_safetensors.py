@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""DCP's Hugging Face storage (docs/formats/dcp.md#hugging-face-storage): directories as
+HuggingFaceStorageWriter(save_sharded=True) leaves them, written by testdata/gen/hf_storage_writer.py
+(which follows torch's writer and names its sources; torch 1.13 has none), read by us and by a
+re-implementation of HuggingFaceStorageReader in that module; merged, verified, resharded."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import args, check, finish, import_torch, probe, tmpdir  # noqa: E402
+
+a = args()
+torch = import_torch()
+work = tmpdir()
+sys.path.insert(0, os.path.join(a.testdata, "gen"))
+import hf_storage_writer as hf  # noqa: E402
+
+
+def state():
+    g = torch.Generator().manual_seed(5)
+    return {"model.embed_tokens.weight": torch.randn(10, 4, generator=g),
+            "model.layers.0.mlp.up_proj.weight": torch.randn(7, 3, generator=g).to(torch.bfloat16),
+            "model.layers.0.steps": torch.arange(5, dtype=torch.int64),
+            "model.norm.weight": torch.ones(4, dtype=torch.float16),
+            "lm_head.weight": torch.randn(3, 4, generator=g)}
+
+
+def save(name, world, **kw):
+    path = os.path.join(work, name)
+    shutil.rmtree(path, ignore_errors=True)
+    hf.save_sharded(torch, state(), world, path, replicated=("model.norm.weight",), **kw)
+    return path
+
+
+def same(x, y, what):
+    assert x.dtype == y.dtype and list(x.shape) == list(y.shape), f"{what}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"
+    assert torch.equal(x.to(torch.float64), y.to(torch.float64)), f"{what}: values differ"
+
+
+def run(*argv, ok=True):
+    r = subprocess.run(list(argv), capture_output=True, text=True)
+    assert (r.returncode == 0) == ok, f"{' '.join(argv)}: exit {r.returncode}\n{r.stdout[-800:]}{r.stderr[-800:]}"
+    return r
+
+
+def test_read_and_merge():
+    for world, mapping in ((3, None), (4, {"model.embed_tokens.weight": 1, "model.layers.0.mlp.up_proj.weight": 2,
+                                            "model.layers.0.steps": 2, "model.norm.weight": 1, "lm_head.weight": 2})):
+        path = save(f"hf_{world}", world, fqn_to_index_mapping=mapping)
+        want = hf.read_as_hf_storage_reader(torch, path)
+        for k, v in state().items():  # the writer and the reader's re-implementation agree
+            same(want[k], v, k)
+        info = json.loads(run(a.inspect, "--json", path).stdout)
+        assert info["format"] == "dcp-safetensors" and "HuggingFaceStorageWriter (sharded)" in info["writer"], info["format"]
+        run(a.inspect, "verify", "--deep", path)
+        merged = os.path.join(work, f"hf_{world}.pt")
+        run(a.merge, path, "-o", merged, "-q")
+        got = torch.load(merged)
+        assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+        for k in want:
+            same(got[k], want[k], k)
+        st = os.path.join(work, f"hf_{world}.safetensors")
+        run(a.merge, path, "-o", st, "-q")
+        assert "0 differ" in run(a.inspect, "diff", path, st).stdout
+        resharded = os.path.join(work, f"hf_{world}_dcp")
+        run(a.shard, path, "-o", resharded, "-n", "2", "-q")
+        assert "0 differ" in run(a.inspect, "diff", path, resharded).stdout
+
+
+def test_hostile():
+    path = save("hf_bad", 2)
+    f = os.path.join(path, "shard-00002-model-00001-of-00001.safetensors")
+    data = open(f, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+
+    def rewrite(meta):
+        h = dict(header, __metadata__=meta)
+        text = json.dumps(h, separators=(",", ":")).encode()
+        text += b" " * ((8 - len(text) % 8) % 8)
+        open(f, "wb").write(struct.pack("<Q", len(text)) + text + body)
+
+    info = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+    # rank 2's rows claim rank 1's offsets: chunks overlap and leave a hole
+    rewrite(dict(header["__metadata__"], DCP_SHARDING_INFO=json.dumps({k: {"saved_offsets": [0] * len(v["saved_offsets"])} for k, v in info.items()})))
+    r = run(a.inspect, "verify", path, ok=False)
+    assert "overlap" in r.stdout + r.stderr or "hole" in r.stdout + r.stderr or "cover" in r.stdout + r.stderr, r.stdout + r.stderr
+    run(a.merge, path, "-o", os.path.join(work, "bad.pt"), ok=False)
+    assert not os.path.exists(os.path.join(work, "bad.pt"))
+    # a tensor without its entry
+    del info["lm_head.weight"]
+    rewrite(dict(header["__metadata__"], DCP_SHARDING_INFO=json.dumps(info)))
+    r = probe(a, "dump-checkpoint", path, expect_ok=False)
+    assert r.returncode == 1 and "offset 8" in r.stderr and "has no entry for tensor 'lm_head.weight'" in r.stderr, r.stderr
+
+
+check("HuggingFaceStorageWriter(save_sharded=True) at 3 and 4 ranks, one file and two per rank: read as its reader reads it, "
+      "verified, merged to torch.save and safetensors, resharded to DCP", test_read_and_merge)
+check("hostile sharding info: overlapping chunks refused by verify and merge; a tensor without its entry named with its offset",
+      test_hostile)
+finish()
