@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import args, check, finish, import_torch, probe, tmpdir  # noqa: E402
+from common import args, check, finish, import_torch, probe, read_safetensors, tmpdir  # noqa: E402
 
 a = args()
 torch = import_torch()
@@ -100,8 +100,54 @@ def test_hostile():
     assert r.returncode == 1 and "offset 8" in r.stderr and "has no entry for tensor 'lm_head.weight'" in r.stderr, r.stderr
 
 
+def test_shard_writes_hf_storage():
+    """fsdp-ckpt-shard --format hf-safetensors: the files HuggingFaceStorageWriter(save_sharded=True)
+    writes, read back by the re-implemented HuggingFaceStorageReader as the state saved."""
+    src = os.path.join(work, "state.pt")
+    torch.save(state(), src)
+    for world, layout in ((1, "fsdp"), (3, "fsdp"), (5, "dtensor"), (11, "fsdp")):
+        out = os.path.join(work, f"ours_{world}_{layout}")
+        run(a.shard, src, "-o", out, "-n", str(world), "--layout", layout, "--format", "hf-safetensors", "-q")
+        names = sorted(os.listdir(out))
+        assert all(n.startswith("shard-") and n.endswith("-model-00001-of-00001.safetensors") for n in names), names
+        # a rank with nothing to write writes no file (fsdp: past the last torch.chunk piece)
+        assert len(names) == (min(world, 10) if layout == "fsdp" else world), names
+        for n in names:
+            meta, _ = read_safetensors(os.path.join(out, n))
+            assert meta["DCP_VERSION"] == "1.0" and meta["format"] == "pt" and isinstance(json.loads(meta["DCP_SHARDING_INFO"]), dict), meta
+        got = hf.read_as_hf_storage_reader(torch, out)
+        assert sorted(got) == sorted(state())
+        for k, v in state().items():
+            same(got[k], v, f"{world} {layout} {k}")
+    # and from DCP's own Hugging Face storage, resharded from 4 ranks to 2
+    out = os.path.join(work, "reshard_4_2")
+    run(a.shard, save("hf_src", 4), "-o", out, "-n", "2", "--format", "hf-safetensors", "-q")
+    got = hf.read_as_hf_storage_reader(torch, out)
+    for k, v in state().items():
+        same(got[k], v, k)
+
+
+def test_shard_refusals():
+    src = os.path.join(work, "with_bool.pt")
+    torch.save({"w": torch.ones(4), "mask": torch.tensor([True, False])}, src)
+    out = os.path.join(work, "bool_out")
+    r = run(a.shard, src, "-o", out, "-n", "2", "--format", "hf-safetensors", ok=False)
+    assert r.returncode == 1 and "tensor 'mask' is bool, which HuggingFaceStorageReader would read as float32" in r.stderr, r.stderr
+    assert not os.path.exists(out)
+    r = run(a.shard, src, "-o", out, "-n", "2", "--format", "hf-safetensors", "--files-per-rank", "2", ok=False)
+    assert r.returncode == 2 and "--files-per-rank" in r.stderr, r.stderr
+    src = os.path.join(work, "with_step.pt")
+    torch.save({"w": torch.ones(4), "step": 7}, src)
+    r = run(a.shard, src, "-o", out, "-n", "2", "--format", "hf-safetensors")
+    assert "left out 1 entry that is not a tensor (first: 'step')" in r.stderr, r.stderr
+
+
 check("HuggingFaceStorageWriter(save_sharded=True) at 3 and 4 ranks, one file and two per rank: read as its reader reads it, "
       "verified, merged to torch.save and safetensors, resharded to DCP", test_read_and_merge)
+check("fsdp-ckpt-shard --format hf-safetensors at 1, 3, 5 and 11 ranks (fsdp, dtensor), and 4 -> 2: the writer's file names "
+      "and metadata, read back by HuggingFaceStorageReader's rules as the state saved", test_shard_writes_hf_storage)
+check("--format hf-safetensors refuses a bool tensor (the reader would read float32) and --files-per-rank; notes what it "
+      "leaves out", test_shard_refusals)
 check("hostile sharding info: overlapping chunks refused by verify and merge; a tensor without its entry named with its offset",
       test_hostile)
 finish()

@@ -14,10 +14,14 @@ std::unique_ptr<CLI::App> make_shard_app(ShardCliOptions& o) {
             "Shard a checkpoint (a torch.save or safetensors file, or a DCP/Lightning directory of any world size) into a "
             "DCP directory for N ranks, laid out as FSDP writes it, streaming, in bounded memory.");
   app->add_option("input", o.input, "checkpoint to shard (any format fsdp-ckpt-inspect reads)")->required()->check(CLI::ExistingPath);
-  app->add_option("-o,--output", o.output, "output DCP directory")->required();
+  app->add_option("-o,--output", o.output, "output directory")->required();
   app->add_option("-n,--world-size", o.world_size, "number of ranks to shard for")->required()->check(CLI::Range(1, 1 << 20));
   app->add_option("--layout", o.layout, "fsdp: dim-0 torch.chunk pieces (FSDP1 sharded state dict); dtensor: DTensor Shard(0), every rank")
       ->check(CLI::IsMember({"fsdp", "dtensor"}));
+  app->add_option("--format", o.format,
+                  "dcp: a DCP directory; hf-safetensors: DCP's Hugging Face storage, a safetensors file a rank, as "
+                  "HuggingFaceStorageWriter(save_sharded=True) writes it (tensors only)")
+      ->check(CLI::IsMember({"dcp", "hf-safetensors"}));
   app->add_option("--replicate", o.replicate, "keep tensors whose FQN matches GLOB whole, written once (repeatable)")->allow_extra_args(false);
   app->add_option("--files-per-rank", o.files_per_rank, "data files per rank, as DCP's thread_count writes them")->check(CLI::Range(1, 1024));
   app->add_option("--compress", o.compress, "write items with the stream.zstd/1 transform: zstd or zstd:LEVEL (1-19)");
@@ -50,6 +54,11 @@ ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFil
   s.layout = o.layout == "dtensor" ? ckpt::ShardLayout::kDtensor : ckpt::ShardLayout::kFsdp;
   s.replicate = o.replicate;
   s.files_per_rank = o.files_per_rank;
+  if (o.format == "hf-safetensors") {
+    s.format = ckpt::ShardFormat::kHfSafetensors;
+    if (o.files_per_rank != 1) throw CLI::ValidationError("--files-per-rank", "applies to --format dcp only");
+    if (!o.compress.empty()) throw CLI::ValidationError("--compress", "applies to --format dcp only");
+  }
   if (!o.compress.empty()) {
     if (o.compress.rfind("zstd", 0) != 0 || (o.compress.size() > 4 && o.compress[4] != ':')) {
       throw CLI::ValidationError("--compress", "'" + o.compress + "' is not zstd or zstd:LEVEL");
@@ -88,6 +97,9 @@ ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFil
       }
       break;
     }
+  }
+  if (s.format == ckpt::ShardFormat::kHfSafetensors && s.process_count > 1) {
+    throw CLI::ValidationError("--format", "hf-safetensors is written by one process; unset RANK/WORLD_SIZE");
   }
   return s;
 }

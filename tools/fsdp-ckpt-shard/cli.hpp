@@ -19,6 +19,7 @@ struct ShardCliOptions {
   std::string output;
   int world_size = 0;
   std::string layout = "fsdp";
+  std::string format = "dcp";
   std::vector<std::string> replicate;
   int files_per_rank = 1;
   std::string compress;  ///< "", "zstd" or "zstd:LEVEL"

@@ -179,7 +179,7 @@ bool diff(const DiffOptions& options, std::ostream& out, Progress& progress) {
   // which key (merge's default); a tensors-only output holds none of A's other entries.
   std::optional<std::string> key = options.key;
   const bool tensors_only = holds_tensors_only(b.c.format) && !holds_tensors_only(a.c.format);
-  if (!key && b.c.format != Format::kHdf5 && tensors_only) {
+  if (!key && (b.c.format == Format::kSafetensors || b.c.format == Format::kSafetensorsIndex || b.c.format == Format::kTorchSaveIndex) && tensors_only) {
     for (const auto& t : a.c.tensors) {
       if (top_level_key(a.c, t.name) == "model" && t.name.size() > 6) {
         key = "model";

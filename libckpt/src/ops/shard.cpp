@@ -16,6 +16,7 @@
 #include "ckpt/sharding.hpp"
 #include "formats/dcp/group_commit.hpp"
 #include "formats/dcp/write_plan.hpp"
+#include "formats/huggingface/dcp_storage_writer.hpp"
 #include "io/outputs.hpp"
 #include "memory.hpp"
 #include "ops/assemble.hpp"
@@ -65,10 +66,16 @@ class Sharder {
       throw Error(ErrorKind::kInvalidArgument, "process " + std::to_string(o_.process_index) + " of " + std::to_string(o_.process_count) +
                                                    " is not a valid process rank");
     }
+    if (hf() && (o_.process_count > 1 || o_.files_per_rank > 1 || o_.compression != DcpCompression::kNone)) {
+      throw Error(ErrorKind::kInvalidArgument, "the Hugging Face storage format is written by one process, one file a rank, uncompressed");
+    }
     detail::refuse_output_over_input(c_.root, output_);
     require_valid_index(c_);
-    check_output(output_, OutputKind::kDcpDirectory, o_.overwrite);
+    check_output(output_, output_kind(), o_.overwrite);
   }
+
+  bool hf() const { return o_.format == ShardFormat::kHfSafetensors; }
+  OutputKind output_kind() const { return hf() ? OutputKind::kSafetensorsDirectory : OutputKind::kDcpDirectory; }
 
   bool selected(std::string_view name) {
     if (selection_.select(name)) return true;
@@ -418,6 +425,12 @@ class Sharder {
       for (const std::string& k : meta_keys_) r.entries.push_back({k, "meta", std::nullopt, {}, 0, {}, {}});
     }
     detail::validate_dcp_plan(plan_);
+    if (hf()) {
+      hf_files_ = detail::plan_hf_storage_files(plan_, output_.string());
+      for (const detail::HfStorageFile& f : hf_files_) r.files.push_back({output_ / f.name, f.layout.size, f.chunks.size(), true});
+      note_left_out();
+      return r;
+    }
     files_ = detail::plan_dcp_files(plan_);
     for (const detail::DcpFilePlan& f : files_) {
       r.files.push_back({output_ / f.name, f.size, f.items.size(), mine(f.rank)});
@@ -426,11 +439,43 @@ class Sharder {
     return r;
   }
 
+  // What the Hugging Face storage cannot hold: said, not silently lost.
+  void note_left_out() const {
+    if (!o_.progress) return;
+    if (!plan_.objects.empty()) {
+      o_.progress->note("left out " + std::to_string(plan_.objects.size()) + " entr" + (plan_.objects.size() == 1 ? "y" : "ies") +
+                        " that " + (plan_.objects.size() == 1 ? "is" : "are") + " not a tensor (first: '" +
+                        std::string(plan_.objects.front().fqn) + "'): the Hugging Face storage holds tensors only; --format dcp keeps everything");
+    }
+    for (const auto& [name, src] : carried_) o_.progress->note("left out " + name + ": the Hugging Face storage holds tensors only");
+  }
+
+  // DCP's Hugging Face storage: every file in `<output>.partial`, renamed into place.
+  void write_hf() {
+    detail::prepare_output(output_, OutputKind::kSafetensorsDirectory, o_.overwrite, o_.progress);
+    const std::filesystem::path dir = detail::fresh_dir(output_, ".partial");
+    try {
+      detail::write_hf_storage_files(dir, plan_, hf_files_, {o_.threads, o_.progress, o_.task_delay_ms});
+      if (o_.verify == Verify::kChecksums) crcs_.finish();
+      if (o_.dtype) ledger_.conclude(*o_.dtype, o_.cast_check, o_.progress, output_.string());
+      detail::move_into_place(dir, output_);
+    } catch (...) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      throw;
+    }
+  }
+
   bool mine(int rank) const { return rank % o_.process_count == o_.process_index; }
 
   // ---- writing -----------------------------------------------------------------------------
 
   void write(ShardResult& result) {
+    if (hf()) {
+      write_hf();
+      result.committed = true;
+      return;
+    }
     const bool distributed = o_.process_count > 1;
     std::filesystem::path dir = output_;
     dir += ".partial";
@@ -542,6 +587,7 @@ class Sharder {
   detail::PassingCrcs crcs_;
   detail::DcpPlan plan_;
   std::vector<detail::DcpFilePlan> files_;
+  std::vector<detail::HfStorageFile> hf_files_;
 };
 
 }  // namespace

@@ -48,10 +48,16 @@
 namespace ckpt {
 
 enum class ShardLayout { kFsdp, kDtensor };
+/// kDcp: a DCP directory. kHfSafetensors: DCP's Hugging Face storage, what
+/// HuggingFaceStorageWriter(save_sharded=True) writes (docs/formats/dcp.md#hugging-face-storage):
+/// a safetensors file per rank, tensors only (other entries, meta.pt and the like are left out
+/// with a note); one process.
+enum class ShardFormat { kDcp, kHfSafetensors };
 
 struct ShardOptions {
   int world_size = 1;
   ShardLayout layout = ShardLayout::kFsdp;
+  ShardFormat format = ShardFormat::kDcp;
   std::vector<std::string> replicate;         ///< globs: tensors kept whole, written once
   int files_per_rank = 1;
   DcpCompression compression = DcpCompression::kNone;
