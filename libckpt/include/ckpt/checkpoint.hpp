@@ -164,6 +164,7 @@ struct ObjectEntry {
 };
 
 class ItemDecoder;  // index/item_decoder.hpp: what a format's driver gives for its items
+class FileChecks;   // index/file_checks.hpp: the checksums a format records over whole files
 
 struct Checkpoint {
   Format format = Format::kUnknown;
@@ -187,6 +188,9 @@ struct Checkpoint {
   /// How this checkpoint's items (ChunkEncoding::kItem, ObjectEntry::item) are read; set by the
   /// driver that opened it, null for formats without items.
   std::shared_ptr<const ItemDecoder> items;
+  /// The checksums its files record beyond chunks and items (verify --deep); set by the driver,
+  /// null for formats that record none.
+  std::shared_ptr<const FileChecks> file_checks;
 
   const TensorEntry* find_tensor(std::string_view name) const noexcept;
 };

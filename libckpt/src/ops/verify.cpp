@@ -5,14 +5,13 @@
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
-#include "ckpt/formats/torch_save.hpp"
 #include "ckpt/open.hpp"
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/ops/validate.hpp"
 #include "ckpt/sharding.hpp"
 #include "ckpt/text.hpp"
+#include "index/file_checks.hpp"
 #include "text_helpers.hpp"
-#include "zip/zip_reader.hpp"
 
 namespace ckpt {
 namespace {
@@ -43,15 +42,8 @@ class Verifier {
     }
     for (const auto& t : c_.tensors) check_tensor(t);
     for (const auto& o : c_.objects) check_object(o);
-    if (depth_ == VerifyDepth::kDeep && c_.format == Format::kTorchSave && !c_.files.empty() && c_.files[0].size &&
-        detail::starts_like_zip(*reader_.file(0))) {
-      guarded(c_.files[0].path.string(), [&] {
-        detail::ZipReader zip(reader_.file(0));
-        for (const auto& e : zip.entries()) {
-          zip.verify_crc(e);
-          progress_.advance(e.size);
-        }
-      });
+    if (depth_ == VerifyDepth::kDeep && c_.file_checks) {
+      guarded(c_.root.string(), [&] { c_.file_checks->check(c_, reader_, progress_); });
     }
     if (depth_ == VerifyDepth::kDeep) progress_.finish();
   }

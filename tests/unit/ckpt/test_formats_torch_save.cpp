@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <fstream>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/formats/torch_save.hpp"
 #include "ckpt/open.hpp"
+#include "ckpt/ops/inspect.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
 #include "zip/crc32.hpp"
@@ -282,4 +284,23 @@ TEST_CASE("legacy torch.save corruption table", "[ckpt][torch_save]") {
   std::vector<std::byte> tar(1024);
   std::memcpy(&tar[257], "ustar", 5);
   REQUIRE_THROWS_MATCHES(read(tar), ckpt::Error, IsCkptError(ErrorKind::kUnsupported, 0, "tar-based torch.save format (torch < 0.4)"));
+}
+
+TEST_CASE("verify --deep checks every record's CRC-32 through the driver's file checks", "[ckpt][torch_save]") {
+  // tiny_state_dict.pt with its version record changed from "3" to "4": still a valid file, but
+  // the central directory's CRC of that record no longer matches; only the deep check reads it.
+  auto bytes = read_all(testdata("torch_save/tiny_state_dict.pt"));
+  const std::size_t version = find(bytes, "3\n", find(bytes, "tiny_state_dict/version") + 23);
+  bytes[version] = std::byte{'4'};
+  TestDir dir;
+  {
+    std::ofstream(dir / "changed.pt", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  CHECK(ckpt::check_checkpoint({dir / "changed.pt", ckpt::VerifyDepth::kStructure, ckpt::OutputFormat::kText}).ok());
+  const ckpt::VerifyReport deep = ckpt::check_checkpoint({dir / "changed.pt", ckpt::VerifyDepth::kDeep, ckpt::OutputFormat::kText});
+  REQUIRE(deep.problems.size() == 1);
+  CHECK(deep.problems[0].offset == version);
+  CHECK(deep.problems[0].message.find("CRC") != std::string::npos);
+  // The legacy format records no CRC: its deep check reads the storages and passes.
+  CHECK(ckpt::check_checkpoint({testdata("torch_save/legacy_tiny_state_dict.pt"), ckpt::VerifyDepth::kDeep, ckpt::OutputFormat::kText}).ok());
 }

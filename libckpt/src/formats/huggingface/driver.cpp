@@ -9,6 +9,7 @@
 #include "ckpt/formats/safetensors.hpp"
 #include "ckpt/formats/torch_save.hpp"
 #include "formats/driver.hpp"
+#include "formats/huggingface/weight_map.hpp"
 
 namespace ckpt::formats {
 namespace {
@@ -25,12 +26,7 @@ Format detect_index(const Probe& p) {
   return bins ? Format::kTorchSaveIndex : Format::kSafetensorsIndex;
 }
 
-Checkpoint open_index(const std::filesystem::path& path, MetaTrees) {
-  SourcePtr src = open_file(path);
-  const auto head = src->read_vector(0, std::min<std::uint64_t>(src->size(), kHeadBytes));
-  return detect_index(Probe{path, false, src.get(), head}) == Format::kTorchSaveIndex ? open_torch_save_index_checkpoint(path)
-                                                                                       : open_safetensors_index_checkpoint(path);
-}
+Checkpoint open_index(const std::filesystem::path& path, MetaTrees) { return detail::open_weight_map(path); }
 
 // What save_pretrained writes, in the order transformers prefers them.
 struct Weights {

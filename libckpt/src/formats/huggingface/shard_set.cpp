@@ -4,6 +4,7 @@
 // checkpoint; safetensors shard sets planned for writing.
 #include "formats/huggingface/weight_map.hpp"
 #include "formats/safetensors/tensor_entry.hpp"
+#include "formats/torch_save/zip_checks.hpp"
 
 #include <cstdio>
 #include <functional>
@@ -65,7 +66,38 @@ SafetensorsShardSet plan_safetensors_shards(std::vector<SafetensorsEntry> entrie
   return set;
 }
 
-Checkpoint detail::open_weight_map(const std::filesystem::path& path, Format format, const std::string& kind, const AddShard& add_shard) {
+namespace {
+
+// Adds to `c` the tensors of the shard at `path`, file `file` of `c`, that `take(name)` accepts
+// (the weight_map names them under this file).
+using AddShard = std::function<void(Checkpoint& c, const std::filesystem::path& path, std::size_t file,
+                                    const std::function<bool(const std::string& name)>& take)>;
+
+void add_safetensors_shard(Checkpoint& c, const std::filesystem::path& shard, std::size_t file,
+                           const std::function<bool(const std::string&)>& take) {
+  const SafetensorsFile sf = read_safetensors(open_file(shard));
+  for (const auto& t : sf.tensors) {
+    if (take(t.name)) detail::add_safetensors_tensor(c, t, file);
+  }
+}
+
+void add_torch_save_shard(Checkpoint& c, const std::filesystem::path& shard, std::size_t file,
+                          const std::function<bool(const std::string&)>& take) {
+  const TorchSaveFile f = read_torch_save(open_mmap(shard));
+  for (const TorchTensor& t : f.tensors) {
+    if (!take(t.name)) continue;
+    c.tensors.push_back(torch_save_tensor_entry(f, t, file));
+    c.tensors.back().position = c.tensors.size() - 1;
+  }
+  if (!f.objects.empty()) {
+    c.notes.push_back(std::to_string(f.objects.size()) + " values of " + shard.filename().string() +
+                      " that are not tensors are not read (a weight file holds tensors)");
+  }
+}
+
+}  // namespace
+
+Checkpoint detail::open_weight_map(const std::filesystem::path& path, std::optional<Format> format) {
   constexpr std::uint64_t kMaxIndex = std::uint64_t{256} << 20;
   SourcePtr src = open_file(path);
   if (src->size() > kMaxIndex) throw Error(ErrorKind::kFormat, path.string(), std::nullopt, "index larger than 256 MiB");
@@ -77,10 +109,18 @@ Checkpoint detail::open_weight_map(const std::filesystem::path& path, Format for
     throw Error(ErrorKind::kFormat, path.string(), e.byte > 0 ? e.byte - 1 : 0, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-    throw Error(ErrorKind::kFormat, path.string(), 0, "not a " + kind + " index: no \"weight_map\" object");
+    throw Error(ErrorKind::kFormat, path.string(), 0, "not a Hugging Face index: no \"weight_map\" object");
   }
+  if (!format) {
+    bool bins = !j["weight_map"].empty();
+    for (const auto& [name, file] : j["weight_map"].items()) bins = bins && file.is_string() && file.get<std::string>().ends_with(".bin");
+    format = bins ? Format::kTorchSaveIndex : Format::kSafetensorsIndex;
+  }
+  const bool torch_shards = *format == Format::kTorchSaveIndex;
+  const std::string kind = torch_shards ? "torch.save" : "safetensors";
+  const AddShard add_shard = torch_shards ? AddShard(add_torch_save_shard) : AddShard(add_safetensors_shard);
   Checkpoint c;
-  c.format = format;
+  c.format = *format;
   c.root = path;
   const std::filesystem::path dir = path.parent_path();
   std::error_code ec;
@@ -126,6 +166,7 @@ Checkpoint detail::open_weight_map(const std::filesystem::path& path, Format for
                     (expected.size() > 1 ? " (and " + std::to_string(expected.size() - 1) + " more)" : ""));
   }
   c.writer = "Hugging Face sharded " + kind + ", " + std::to_string(shard_of.size()) + " shards";
+  if (torch_shards) c.file_checks = torch_save_file_checks();
   if (j.contains("metadata") && j["metadata"].is_object()) {
     for (const auto& [k, v] : j["metadata"].items()) c.metadata.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
   }
@@ -133,28 +174,11 @@ Checkpoint detail::open_weight_map(const std::filesystem::path& path, Format for
 }
 
 Checkpoint open_safetensors_index_checkpoint(const std::filesystem::path& path) {
-  return detail::open_weight_map(path, Format::kSafetensorsIndex, "safetensors", [](Checkpoint& c, const std::filesystem::path& shard, std::size_t file,
-                                                                                   const std::function<bool(const std::string&)>& take) {
-    const SafetensorsFile sf = read_safetensors(open_file(shard));
-    for (const auto& t : sf.tensors) {
-      if (take(t.name)) detail::add_safetensors_tensor(c, t, file);
-    }
-  });
+  return detail::open_weight_map(path, Format::kSafetensorsIndex);
 }
 
 Checkpoint open_torch_save_index_checkpoint(const std::filesystem::path& path) {
-  return detail::open_weight_map(path, Format::kTorchSaveIndex, "torch.save", [](Checkpoint& c, const std::filesystem::path& shard,
-                                                                                  std::size_t file, const std::function<bool(const std::string&)>& take) {
-    const TorchSaveFile f = read_torch_save(open_mmap(shard));
-    for (const TorchTensor& t : f.tensors) {
-      if (!take(t.name)) continue;
-      c.tensors.push_back(torch_save_tensor_entry(f, t, file));
-      c.tensors.back().position = c.tensors.size() - 1;
-    }
-    if (!f.objects.empty()) {
-      c.notes.push_back(std::to_string(f.objects.size()) + " values of " + shard.filename().string() + " that are not tensors are not read (a weight file holds tensors)");
-    }
-  });
+  return detail::open_weight_map(path, Format::kTorchSaveIndex);
 }
 
 }  // namespace ckpt

@@ -7,9 +7,29 @@
 #include "ckpt/formats/torch_save.hpp"
 #include "formats/driver.hpp"
 #include "formats/torch_save/legacy.hpp"
+#include "formats/torch_save/zip_checks.hpp"
+#include "zip/zip_reader.hpp"
 
 namespace ckpt {
 namespace {
+
+// The record CRCs of every torch.save zip archive among a checkpoint's files (a single file, or the
+// shards of a pytorch_model.bin index); a legacy file records none.
+class ZipChecks final : public FileChecks {
+ public:
+  void check(const Checkpoint& c, const ChunkReader& reader, Progress& progress) const override {
+    for (std::size_t i = 0; i < c.files.size(); ++i) {
+      if (!c.files[i].size) continue;
+      const SourcePtr file = reader.file(i);
+      if (!detail::starts_like_zip(*file)) continue;
+      detail::ZipReader zip(file);
+      for (const auto& e : zip.entries()) {
+        zip.verify_crc(e);
+        progress.advance(e.size);
+      }
+    }
+  }
+};
 
 std::string torch_writer_guess(const std::vector<std::string>& records) {
   auto has = [&](std::string_view r) { return std::find(records.begin(), records.end(), r) != records.end(); };
@@ -58,7 +78,13 @@ Checkpoint open_torch_save_checkpoint(const std::filesystem::path& path, MetaTre
   // The whole tree (for --meta) only when asked: the leaves already hold the objects they need,
   // and the rest is a node per tensor's rebuild call.
   if (trees == MetaTrees::kKeep) c.meta_trees.emplace_back(path.filename().string(), f.root);
+  if (!f.legacy) c.file_checks = detail::torch_save_file_checks();
   return c;
+}
+
+std::shared_ptr<const FileChecks> detail::torch_save_file_checks() {
+  static const auto checks = std::make_shared<const ZipChecks>();
+  return checks;
 }
 
 namespace formats {
