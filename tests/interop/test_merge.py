@@ -266,6 +266,42 @@ def test_safetensors_single():
         assert dt == ST[v.dtype] and shape == list(v.shape) and b == raw(v), k
 
 
+def test_renames():
+    """--strip-prefix and --rename (sed's s command, in order): each tensor under its new name,
+    equal to dcp_to_torch_save's; with --format torch they need --layout flat; two names made one,
+    or a bad rule, are refused and nothing is written."""
+    import re as regex
+    src = fixture(4)
+    dcp_oracle.install_2x_stubs()
+    want = dcp_oracle.load_113(torch, src)  # {fqn: tensor}, torch 1.13's flat FQNs
+    rules = ["s/^model\\.//", "s/\\.weight$/.w/"]
+
+    def renamed(fqn):  # the same rules in Python's re
+        fqn = regex.sub(r"^model\.", "", fqn, count=1)
+        return regex.sub(r"\.weight$", ".w", fqn, count=1)
+    out = os.path.join(work, "renamed.safetensors")
+    merge(src, "-o", out, "--strip-prefix", "model.", "--rename", rules[1])
+    _, tensors = read_safetensors(out)
+    model = {k: v for k, v in want.items() if isinstance(v, torch.Tensor) and k.startswith("model.")}
+    assert set(tensors) == {renamed(k) for k in model}, sorted(tensors)
+    for k, v in model.items():
+        assert tensors[renamed(k)][2] == raw(v), k
+    flat = os.path.join(work, "renamed.pt")
+    merge(src, "-o", flat, "--layout", "flat", *sum((["--rename", r] for r in rules), []))
+    got = load(flat)
+    assert set(got) == {renamed(k) for k in want}, sorted(got)
+    for k, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(got[renamed(k)], v), k
+    r = merge(src, "-o", os.path.join(work, "nested.pt"), "--rename", rules[0], expect=1)
+    assert "add --layout flat" in r.stderr, r.stderr
+    clash = os.path.join(work, "clash.safetensors")
+    r = merge(src, "-o", clash, "--rename", "s/\\..*//", expect=1)
+    assert "both" in r.stderr and not os.path.exists(clash), r.stderr
+    r = merge(src, "-o", clash, "--rename", "s/(/x/", expect=2)
+    assert "does not compile" in r.stderr, r.stderr
+
+
 def test_safetensors_sharded():
     src = fixture(4)
     out = os.path.join(work, "sharded")
@@ -454,6 +490,8 @@ check("--dtype on ties, subnormals, overflow, NaN and -0.0 from every float dtyp
 check("--dtype names each tensor a cast damaged, with torch's counts; --strict-cast refuses", test_cast_damage)
 check("items saved with strides (transposed, permuted views): merge gathers them == torch 1.13", test_strided_items)
 check("safetensors: the tensors under 'model', named by their path, checked with json/struct", test_safetensors_single)
+check("--strip-prefix and --rename: safetensors and --layout flat names == the rules applied to dcp_to_torch_save's; "
+      "nested torch, a clash and a bad rule refused", test_renames)
 check("safetensors --max-shard-size: Hugging Face shards and an index listing every tensor once", test_safetensors_sharded)
 check("hdf5: one dataset per tensor in groups by key path, read back with h5py and h5dump", test_hdf5)
 check("--include/--exclude in order, --model-only (torch 1.13's flat FQNs too)", test_filters)

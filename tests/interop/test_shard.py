@@ -384,6 +384,44 @@ for w in (1, 2, 3, 4, 7):
 check("our 2.x-layout 2-rank zstd DCP -> 3 ranks", roundtrip(our_sample(2, "zstd"), 3))
 
 
+def test_renames():
+    """--rename on shard: every FQN renamed as the rule says (PyTorch reads the output nested by its
+    renamed planner_data), the number of '.'-parts kept within nested paths; a rule that changes it
+    for a nested path is refused, and so are two FQNs made one."""
+    import re as regex
+
+    def flat(tree, prefix=""):
+        out = {}
+        items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else None
+        if items is None:
+            return {prefix: tree}
+        for k, v in items:
+            out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    src = our_sample(3)
+    want = flat(expected_of(src))
+    out = shard(src, os.path.join(work, "renamed_3"), "-n", "2", "--rename", "s/^model\\.embed\\./model.tok./", "--rename", "s/weight$/w/")
+    got = flat(got_of(out))
+
+    def renamed(k):
+        return regex.sub(r"weight$", "w", regex.sub(r"^model\.embed\.", "model.tok.", k, count=1), count=1)
+    assert set(got) == {renamed(k) for k in want}, (sorted(got), sorted(want))
+    for k, v in want.items():
+        dcp_oracle.same(torch, got[renamed(k)], v, k)
+    r = subprocess.run([a.shard, "-q", src, "-o", os.path.join(work, "renamed_bad"), "-n", "2", "--strip-prefix", "model."],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "nests its parts" in r.stderr, r.stderr
+    # torch 1.13's flat FQNs have no nesting to keep: any rename goes
+    out = shard(fixture(2), os.path.join(work, "renamed_113"), "-n", "3", "--strip-prefix", "model.")
+    want = dcp_oracle.load_113(torch, fixture(2))
+    got = got_of(out)
+    assert set(got) == {k[len("model."):] if k.startswith("model.") else k for k in want}, sorted(got)
+
+
+check("--rename and --strip-prefix: FQNs and planner_data renamed, read back by PyTorch; a nested path whose "
+      "parts would change refused", test_renames)
+
+
 def legacy_file():
     """tiny_state_dict.pt re-saved by torch.save in the legacy (pre-1.6) format."""
     path = os.path.join(work, "tiny_legacy.pt")

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "ckpt/error.hpp"
 #include "ckpt/test_hooks.hpp"
 #include "fsdp_version.hpp"
 
@@ -62,12 +63,24 @@ std::uint64_t parse_byte_size(std::string_view text) {
 void add_write_flags(CLI::App& app, WriteFlags& f, const std::string& plan) {
   app.add_option("--include", f.include, "keep entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
   app.add_option("--exclude", f.exclude, "drop entries whose FQN matches GLOB (repeatable; filters apply in order)")->allow_extra_args(false);
+  app.add_option("--rename", f.rename,
+                 "rename output entries as sed's s/REGEX/REPLACEMENT/[g] does (repeatable, applied in order, after --strip-prefix)")
+      ->allow_extra_args(false);
+  app.add_option("--strip-prefix", f.strip_prefix, "remove PREFIX from the output names that start with it");
   app.add_flag("--dry-run", f.dry_run, "print the plan (" + plan + ") and write nothing");
   app.add_flag("-f,--force", f.force, "replace OUTPUT when it exists (a file, an empty directory or an output of the same kind only)");
   app.add_flag("--verify", f.verify, "check every CRC-32 the input records as the copy reads it; a mismatch fails, writing nothing");
   app.add_option("-j,--threads", f.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
   app.add_flag("-q,--quiet", f.quiet, "draw no progress bar");
   app.add_flag("--json", f.json, "print the result (or the plan) as one JSON object");
+}
+
+ckpt::EntryRenames renames_of(const WriteFlags& f) {
+  try {
+    return ckpt::EntryRenames(f.strip_prefix.empty() ? std::nullopt : std::optional<std::string>(f.strip_prefix), f.rename);
+  } catch (const ckpt::Error& e) {
+    throw CLI::ValidationError(e.what());
+  }
 }
 
 std::optional<int> usage_errors(std::string_view program, const std::function<void()>& translate) {

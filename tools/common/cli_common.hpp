@@ -38,6 +38,8 @@ ckpt::DType parse_float_dtype(std::string_view name);
 /// The options every tool that writes a checkpoint shares.
 struct WriteFlags {
   std::vector<std::string> include, exclude;  ///< parsed by CLI11; their order comes from filters_in_order()
+  std::vector<std::string> rename;            ///< s/REGEX/REPLACEMENT/[g], in order
+  std::string strip_prefix;
   bool dry_run = false;
   bool force = false;
   bool verify = false;
@@ -48,6 +50,9 @@ struct WriteFlags {
 /// Adds --include, --exclude, --dry-run (`plan` says what it prints), -f/--force, --verify, -j/--threads,
 /// -q/--quiet and --json.
 void add_write_flags(CLI::App& app, WriteFlags& flags, const std::string& plan);
+/// --strip-prefix and --rename as ckpt::EntryRenames; a malformed rename is a usage error
+/// (CLI::ValidationError).
+ckpt::EntryRenames renames_of(const WriteFlags& flags);
 
 /// Runs `translate` (options -> library options, checks across options); a CLI::Error or
 /// UsageError it throws is a usage error: printed as parse() prints one, and 2 is returned.

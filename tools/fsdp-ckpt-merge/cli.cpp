@@ -54,6 +54,7 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
     throw CLI::ValidationError(o.strict_cast ? "--strict-cast" : "--cast-include", "applies with --dtype only");
   }
   m.filters = std::move(filters);
+  m.renames = renames_of(o.flags);
   m.model_only = o.model_only;
   if (!o.max_shard_size.empty()) {
     if (m.format != ckpt::MergeFormat::kSafetensors) throw CLI::ValidationError("--max-shard-size", "applies to safetensors output only");

@@ -79,6 +79,7 @@ ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFil
     throw CLI::ValidationError(o.strict_cast ? "--strict-cast" : "--cast-include", "applies with --dtype only");
   }
   s.filters = std::move(filters);
+  s.renames = renames_of(o.flags);
   if (!o.key.empty()) s.key = o.key;
   s.max_memory = parse_byte_size(o.max_memory);
   if (s.max_memory == 0) throw CLI::ValidationError("--max-memory", "must be more than 0 bytes");

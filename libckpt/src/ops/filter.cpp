@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ckpt/ops/filter.hpp"
 
+#include <cctype>
+#include <regex>
+
 #include "ckpt/cast.hpp"
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
@@ -26,6 +29,91 @@ bool EntrySelection::select(std::string_view name) {
   ++offered_;
   selected_ += selected;
   return selected;
+}
+
+struct EntryRenames::Rule {
+  std::string text;  ///< as given, for messages
+  std::regex pattern;
+  std::string format;  ///< std::regex_replace's: $n for \n, $& for &, $$ for a literal $
+  bool global = false;
+};
+
+EntryRenames::EntryRenames(std::optional<std::string> strip_prefix, const std::vector<std::string>& renames)
+    : prefix_(std::move(strip_prefix)) {
+  if (prefix_ && prefix_->empty()) prefix_.reset();
+  for (const std::string& r : renames) {
+    auto bad = [&](const std::string& why) {
+      throw Error(ErrorKind::kInvalidArgument, "rename '" + r + "': " + why + " (expected s/REGEX/REPLACEMENT/ or s/REGEX/REPLACEMENT/g)");
+    };
+    if (r.size() < 4 || r[0] != 's') bad("not an s command");
+    const char d = r[1];
+    if (d == '\\' || d == '\n' || std::isalnum(static_cast<unsigned char>(d))) bad("the delimiter must be a punctuation character");
+    // The three parts; a backslash before the delimiter makes it part of the text.
+    std::vector<std::string> parts(1);
+    std::size_t i = 2;
+    for (; i < r.size() && parts.size() < 3; ++i) {
+      if (r[i] == '\\' && i + 1 < r.size() && r[i + 1] == d) {
+        parts.back() += d;
+        ++i;
+      } else if (r[i] == d) {
+        parts.emplace_back();
+      } else {
+        parts.back() += r[i];
+      }
+    }
+    if (parts.size() != 3) bad("it has no closing delimiter");
+    const std::string flags = r.substr(i);
+    if (flags != "" && flags != "g") bad("unknown flags '" + flags + "'");
+    Rule rule;
+    rule.text = r;
+    rule.global = flags == "g";
+    try {
+      rule.pattern = std::regex(parts[0], std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      bad(std::string("the regex does not compile: ") + e.what());
+    }
+    const std::string& rep = parts[1];
+    for (std::size_t k = 0; k < rep.size(); ++k) {
+      if (rep[k] == '\\' && k + 1 < rep.size() && std::isdigit(static_cast<unsigned char>(rep[k + 1]))) {
+        rule.format += '$';
+        rule.format += rep[++k];
+      } else if (rep[k] == '\\' && k + 1 < rep.size()) {
+        rule.format += rep[++k] == '$' ? std::string("$$") : std::string(1, rep[k]);
+      } else if (rep[k] == '&') {
+        rule.format += "$&";
+      } else if (rep[k] == '$') {
+        rule.format += "$$";
+      } else {
+        rule.format += rep[k];
+      }
+    }
+    rules_.push_back(std::make_shared<const Rule>(std::move(rule)));
+  }
+}
+
+EntryRenames::EntryRenames(const EntryRenames&) = default;
+EntryRenames& EntryRenames::operator=(const EntryRenames&) = default;
+EntryRenames::~EntryRenames() = default;
+
+std::string EntryRenames::apply(std::string_view name) const {
+  std::string out(name);
+  if (prefix_ && out.starts_with(*prefix_)) out.erase(0, prefix_->size());
+  for (const auto& rule : rules_) {
+    out = std::regex_replace(out, rule->pattern, rule->format,
+                             rule->global ? std::regex_constants::format_default : std::regex_constants::format_first_only);
+  }
+  return out;
+}
+
+std::string EntryRenames::claim(std::string_view name, const std::string& where) {
+  std::string out = apply(name);
+  if (out.empty()) throw Error(ErrorKind::kInvalidArgument, where, std::nullopt, "--rename and --strip-prefix make '" + std::string(name) + "' an empty name");
+  const auto [it, added] = made_.emplace(out, std::string(name));
+  if (!added && it->second != name) {
+    throw Error(ErrorKind::kInvalidArgument, where, std::nullopt,
+                "--rename and --strip-prefix make '" + it->second + "' and '" + std::string(name) + "' both '" + out + "'");
+  }
+  return out;
 }
 
 std::vector<std::string> EntrySelection::unmatched() const {

@@ -143,6 +143,18 @@ Node& Node::at(std::size_t i) {
 std::span<std::pair<PackedKey, Node>> Node::dict() const { return c ? std::span(c->dict) : std::span<std::pair<PackedKey, Node>>(); }
 std::span<Node> Node::list() const { return c ? std::span(c->list) : std::span<Node>(); }
 
+std::vector<std::string> split_dots(const std::string& name) {
+  std::vector<std::string> out(1);
+  for (const char ch : name) {
+    if (ch == '.') {
+      out.emplace_back();
+    } else {
+      out.back() += ch;
+    }
+  }
+  return out;
+}
+
 std::string path_text(const std::vector<Key>& path) {
   std::string s;
   for (const Key& k : path) s += (s.empty() ? "" : ".") + k.display();
@@ -195,6 +207,11 @@ class Merger {
     }
     collect();
     check_selection();
+    if (!renames_.empty() && o_.format == MergeFormat::kTorch && o_.layout == MergeLayout::kNested &&
+        !std::all_of(leaves_.begin(), leaves_.end(), [](const Leaf& l) { return l.flat || l.kind == Leaf::kMeta; })) {
+      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt,
+                  "--rename and --strip-prefix rename flat names: with --format torch, add --layout flat");
+    }
     MergeResult r = o_.format == MergeFormat::kTorch ? torch(dry_run) : o_.format == MergeFormat::kHdf5 ? hdf5(dry_run) : safetensors(dry_run);
     check_casts(CastCheck::kReport);
     r.operation = Operation::kMerge;
@@ -265,8 +282,18 @@ class Merger {
       std::from_chars(l.name.data(), l.name.data() + l.name.size(), k.index);
       return {k};
     }
-    if (l.flat) return {Key{false, l.name, 0}};
+    if (l.flat || (o_.layout == MergeLayout::kFlat && !renames_.empty())) return {Key{false, output_name(l), 0}};
     return path_of(l.tensor ? l.tensor->name : l.object->name, o_.layout);
+  }
+
+  // A flat leaf's name in the output: its own, or renamed (--rename, --strip-prefix), kept for the
+  // Keys that view it.
+  std::string_view output_name(const Leaf& l) const {
+    if (renames_.empty()) return l.name;
+    const std::size_t i = static_cast<std::size_t>(&l - leaves_.data());
+    auto it = renamed_.find(i);
+    if (it == renamed_.end()) it = renamed_.emplace(i, renames_.claim(l.name, output_.string())).first;
+    return it->second;
   }
 
   // `l`'s keys as the options read them, whatever the output's layout: its stored path; where a
@@ -625,7 +652,9 @@ class Merger {
         ++dropped_;
         continue;
       }
-      named.push_back({key ? path_text({keys.begin() + 1, keys.end()}) : std::string(l.name), l.out, l.tensor->shape, nullptr});
+      std::string name = key ? path_text({keys.begin() + 1, keys.end()}) : std::string(l.name);
+      if (!renames_.empty()) name = renames_.claim(name, output_.string());
+      named.push_back({std::move(name), l.out, l.tensor->shape, nullptr});
       named_leaves.push_back(static_cast<std::uint32_t>(&l - leaves_.data()));
     }
     if (key) key_used_ = *key;
@@ -698,6 +727,12 @@ class Merger {
     for (const Leaf& l : leaves_) {
       std::vector<std::string> path;
       for (const Key& k : this->path(l)) path.push_back(k.display());
+      // The dataset's path renamed as its name joined with '.' (a flat leaf's one key is renamed already).
+      if (!renames_.empty() && !l.flat && o_.layout != MergeLayout::kFlat) {
+        std::string joined;
+        for (const std::string& p : path) joined += (joined.empty() ? "" : ".") + p;
+        path = split_dots(renames_.claim(joined, output_.string()));
+      }
       datasets.push_back({std::move(path), l.out, l.tensor->shape});
       leaves.push_back(&l);
       report(result, l, output_.filename().string());
@@ -743,6 +778,8 @@ class Merger {
   std::vector<StorageSource> storages_;
   std::vector<SourcePtr> raws_;
   std::uint64_t task_bytes_ = task_bytes(o_.threads);
+  mutable EntryRenames renames_ = o_.renames;  ///< with the names it has made, to refuse two made one
+  mutable std::unordered_map<std::size_t, std::string> renamed_;  ///< a flat leaf's output name, by its index
 };
 
 }  // namespace

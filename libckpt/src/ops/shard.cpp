@@ -96,16 +96,59 @@ class Sharder {
   // by keep().
   void add_tensor(std::string_view fqn, std::vector<ValuePtr> path, const TensorEntry* t) {
     if (!selected(fqn)) return;
-    keep_path(fqn, std::move(path));
-    const DType out = cast_.out(fqn, t->dtype);
-    plan_.tensors.push_back({.fqn = fqn, .position = position_++, .dtype = out, .requires_grad = t->requires_grad, .shape = t->shape});
+    const DType out = cast_.out(fqn, t->dtype);  // decided on the input's name
+    const std::string_view name = renamed(fqn, path);
+    keep_path(name, std::move(path));
+    plan_.tensors.push_back({.fqn = name, .position = position_++, .dtype = out, .requires_grad = t->requires_grad, .shape = t->shape});
     sources_.push_back(t);
   }
 
   void add_object(std::string_view fqn, std::vector<ValuePtr> path, SourcePtr item) {
     if (!selected(fqn)) return;
-    keep_path(fqn, std::move(path));
-    plan_.objects.push_back({fqn, position_++, -1, std::move(item)});
+    const std::string_view name = renamed(fqn, path);
+    keep_path(name, std::move(path));
+    plan_.objects.push_back({name, position_++, -1, std::move(item)});
+  }
+
+  // The entry's FQN in the output (--rename, --strip-prefix), and `path` made to follow it. DCP's
+  // FQN is its path's keys joined with '.', so the new FQN's '.'-separated parts are grouped into
+  // keys as the old ones were: (fqn,) becomes (new fqn,), and ("model", "layers.0.w") renamed to
+  // "net.h.0.w" becomes ("net", "h.0.w"). A rename that changes the number of parts of a nested
+  // path has no such grouping, and is refused.
+  std::string_view renamed(std::string_view fqn, std::vector<ValuePtr>& path) {
+    if (o_.renames.empty()) return fqn;
+    std::string name = renames_.claim(fqn, output_.string());
+    if (name == fqn) return fqn;
+    auto parts = [](std::string_view s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '.')) + 1; };
+    std::vector<std::size_t> group;  // each key's number of parts
+    std::string joined;
+    for (const ValuePtr& k : path) {
+      const std::string text = k->str() ? *k->str() : k->int64() ? std::to_string(*k->int64()) : std::string("\x01");
+      group.push_back(parts(text));
+      joined += (joined.empty() ? "" : ".") + text;
+    }
+    const bool regroup = joined == fqn && std::all_of(path.begin(), path.end(), [](const ValuePtr& k) { return k->str() != nullptr; }) &&
+                         (path.size() == 1 || parts(name) == parts(fqn));
+    if (!regroup) {
+      throw Error(ErrorKind::kInvalidArgument, c_.root.string(), std::nullopt,
+                  "cannot rename '" + std::string(fqn) + "' to '" + name + "': its planner_data path " + pk::repr(*pk::make_tuple(path), 200) +
+                      " nests its parts, and the new name has " + std::to_string(parts(name)) + " of them, not " + std::to_string(parts(fqn)) +
+                      " (rename within the parts, or shard a flat checkpoint)");
+    }
+    if (path.size() == 1) {
+      path = {pk::make_str(name)};
+    } else {
+      std::vector<ValuePtr> keys;
+      std::size_t from = 0;
+      for (const std::size_t n : group) {
+        std::size_t to = from;
+        for (std::size_t i = 0; i < n; ++i) to = name.find('.', to) == std::string::npos ? name.size() : name.find('.', to) + 1;
+        keys.push_back(pk::make_str(name.substr(from, (to == name.size() ? to : to - 1) - from)));
+        from = to;
+      }
+      path = std::move(keys);
+    }
+    return keep(std::move(name));
   }
 
   std::vector<ValuePtr> keyed(const std::vector<ValuePtr>& path) const {
@@ -135,7 +178,7 @@ class Sharder {
   void collect_dcp() {
     // The input's paths serve as the plan's when each is a tuple of keys (all but a tree kept as
     // read), since an FQN without one gets (fqn,) in both; otherwise each is made again.
-    if (c_.planner_data.trees() == 0) plan_.shared_paths = &c_.planner_data;
+    if (c_.planner_data.trees() == 0 && o_.renames.empty()) plan_.shared_paths = &c_.planner_data;
     auto path_of = [&](const std::string& fqn) { return plan_.shared_paths ? std::vector<ValuePtr>{} : planner_path(fqn); };
     for (const std::uint32_t code : detail::entry_order(c_.tensors, c_.objects)) {
       if (!(code & detail::kObjectEntry)) {
@@ -588,6 +631,7 @@ class Sharder {
   detail::DcpPlan plan_;
   std::vector<detail::DcpFilePlan> files_;
   std::vector<detail::HfStorageFile> hf_files_;
+  EntryRenames renames_ = o_.renames;  ///< with the names it has made, to refuse two made one
 };
 
 }  // namespace

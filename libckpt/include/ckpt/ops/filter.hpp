@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,6 +48,35 @@ class EntrySelection {
   const std::vector<EntryFilter>& filters_;
   std::vector<bool> matched_;
   std::size_t offered_ = 0, selected_ = 0;
+};
+
+/// --strip-prefix P and --rename 's/REGEX/REPLACEMENT/[g]' (several, applied in order), shared by
+/// merge and shard: the names an output gives its entries. The prefix goes first, from the names
+/// that start with it; then each rename as sed's s command does it: any delimiter after the s,
+/// an ECMAScript regex, \1 to \9 and & in the replacement, the first match or (g) every one.
+/// Filters and --dtype's choice still see the input's names.
+class EntryRenames {
+ public:
+  EntryRenames() = default;
+  /// Throws kInvalidArgument for a rename that is not s<d>REGEX<d>REPLACEMENT<d>[g], or whose
+  /// regex does not compile, naming it.
+  EntryRenames(std::optional<std::string> strip_prefix, const std::vector<std::string>& renames);
+  EntryRenames(const EntryRenames&);
+  EntryRenames& operator=(const EntryRenames&);
+  ~EntryRenames();
+
+  bool empty() const noexcept { return !prefix_ && rules_.empty(); }
+  /// `name` renamed.
+  std::string apply(std::string_view name) const;
+  /// `name` renamed, for an output that holds each name once: throws kInvalidArgument, naming
+  /// both and `where`, when another name was renamed to the same one before.
+  std::string claim(std::string_view name, const std::string& where);
+
+ private:
+  struct Rule;
+  std::optional<std::string> prefix_;
+  std::vector<std::shared_ptr<const Rule>> rules_;
+  std::map<std::string, std::string, std::less<>> made_;  ///< new name -> the name it came from
 };
 
 struct Checkpoint;

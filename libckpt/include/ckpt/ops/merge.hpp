@@ -39,6 +39,9 @@ struct MergeOptions {
   Verify verify = Verify::kNo;                ///< check the input's CRC-32s as they pass (--verify), failing closed
   std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
   bool model_only = false;                    ///< only the top-level key "model"
+  /// --strip-prefix and --rename: the output's names (safetensors and HDF5, torch with
+  /// MergeLayout::kFlat or a flat torch.save input); two names made one are refused.
+  EntryRenames renames;
   /// safetensors: the Hugging Face sharded layout in a directory, files of at most this size
   /// (a tensor larger than it gets a file of its own).
   std::optional<std::uint64_t> max_shard_size;

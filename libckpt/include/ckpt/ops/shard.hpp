@@ -67,6 +67,9 @@ struct ShardOptions {
   CastCheck cast_check = CastCheck::kReport;  ///< a cast that overflows or flushes values: a note, or (--strict-cast) an error
   Verify verify = Verify::kNo;                ///< check the input's CRC-32s as they pass (--verify), failing closed
   std::vector<EntryFilter> filters;           ///< applied to each FQN and each key of meta.pt
+  /// --strip-prefix and --rename: each entry's FQN in the output (its planner_data path follows
+  /// when it is the FQN split at '.'); two FQNs made one are refused.
+  EntryRenames renames;
   std::optional<std::string> key;             ///< input that is not DCP: put every entry under this key
   /// The most memory one task may need: a band of a gathered tensor (dim-1 or strided input, a
   /// cast) and a compressed input item are decoded whole. Exceeding it is an error, not a swap.
