@@ -40,10 +40,11 @@ def safetensors_bytes(torch, tensors, metadata):
     return struct.pack("<Q", len(text)) + text + body
 
 
-def save_sharded(torch, state_dict, world, path, replicated=(), fqn_to_index_mapping=None):
+def save_sharded(torch, state_dict, world, path, replicated=(), fqn_to_index_mapping=None, dedup=True):
     """dcp.save(state_dict, storage_writer=HuggingFaceStorageWriter(path, save_sharded=True, ...))
     from `world` ranks whose DTensors are state_dict's tensors placed Shard(0), but those named in
-    `replicated`. Returns the files written."""
+    `replicated`, which the first rank writes (every rank with dedup=False, as a planner without
+    dedup_save_plans leaves it). Returns the files written."""
     os.makedirs(path, exist_ok=True)
     highest = max(fqn_to_index_mapping.values()) if fqn_to_index_mapping else 1
     written = []
@@ -51,7 +52,7 @@ def save_sharded(torch, state_dict, world, path, replicated=(), fqn_to_index_map
         buckets = {}
         for fqn, full in state_dict.items():
             if fqn in replicated:
-                if rank != 0:
+                if rank != 0 and dedup:
                     continue
                 local, offsets = full, [0] * full.dim()
             else:

@@ -72,6 +72,19 @@ def test_read_and_merge():
         assert "0 differ" in run(a.inspect, "diff", path, resharded).stdout
 
 
+def test_replicas():
+    """A replicated tensor that every rank wrote: read once, never concatenated, and said."""
+    path = os.path.join(work, "hf_replicas")
+    shutil.rmtree(path, ignore_errors=True)
+    hf.save_sharded(torch, state(), 3, path, replicated=("model.norm.weight",), dedup=False)
+    info = json.loads(run(a.inspect, "--json", path).stdout)
+    norm = next(t for t in info["entries"] if t["name"] == "model.norm.weight")
+    assert norm["shape"] == [4] and any("replicas" in n for n in info.get("notes", [])), (norm, info.get("notes"))
+    merged = os.path.join(work, "hf_replicas.pt")
+    run(a.merge, path, "-o", merged, "-q")
+    same(torch.load(merged)["model.norm.weight"], state()["model.norm.weight"], "model.norm.weight")
+
+
 def test_hostile():
     path = save("hf_bad", 2)
     f = os.path.join(path, "shard-00002-model-00001-of-00001.safetensors")
@@ -148,6 +161,7 @@ check("fsdp-ckpt-shard --format hf-safetensors at 1, 3, 5 and 11 ranks (fsdp, dt
       "and metadata, read back by HuggingFaceStorageReader's rules as the state saved", test_shard_writes_hf_storage)
 check("--format hf-safetensors refuses a bool tensor (the reader would read float32) and --files-per-rank; notes what it "
       "leaves out", test_shard_refusals)
+check("a replicated tensor every rank wrote is read once, not concatenated, and noted", test_replicas)
 check("hostile sharding info: overlapping chunks refused by verify and merge; a tensor without its entry named with its offset",
       test_hostile)
 finish()

@@ -302,6 +302,27 @@ def test_renames():
     assert "does not compile" in r.stderr, r.stderr
 
 
+def test_export_cases():
+    """What users report against consolidations to safetensors: int, uint8 and bool tensors keep
+    their dtypes; tied weights (two names, one storage) are each written whole, and said."""
+    emb = torch.randn(6, 4)
+    state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb, "model.ids": torch.tensor([1, -2], dtype=torch.int32),
+             "model.bytes": torch.arange(5, dtype=torch.uint8), "model.mask": torch.tensor([True, False, True]),
+             "model.steps": torch.tensor([7], dtype=torch.int64)}
+    src = os.path.join(work, "tied.pt")
+    torch.save(state, src)
+    out = os.path.join(work, "tied.safetensors")
+    r = subprocess.run([a.merge, src, "-o", out], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "'model.embed_tokens.weight', 'lm_head.weight' share one storage (tied weights): each is written whole" in r.stderr, r.stderr
+    _, tensors = read_safetensors(out)
+    want_dtype = {"model.ids": "I32", "model.bytes": "U8", "model.mask": "BOOL", "model.steps": "I64"}
+    assert set(tensors) == set(state), sorted(tensors)
+    for k, v in state.items():
+        dt, shape, b = tensors[k]
+        assert dt == want_dtype.get(k, "F32") and shape == list(v.shape) and b == raw(v), k
+
+
 def test_safetensors_sharded():
     src = fixture(4)
     out = os.path.join(work, "sharded")
@@ -492,6 +513,8 @@ check("items saved with strides (transposed, permuted views): merge gathers them
 check("safetensors: the tensors under 'model', named by their path, checked with json/struct", test_safetensors_single)
 check("--strip-prefix and --rename: safetensors and --layout flat names == the rules applied to dcp_to_torch_save's; "
       "nested torch, a clash and a bad rule refused", test_renames)
+check("export cases: int32, uint8, bool and int64 keep their safetensors dtypes; tied weights each written whole, "
+      "and said", test_export_cases)
 check("safetensors --max-shard-size: Hugging Face shards and an index listing every tensor once", test_safetensors_sharded)
 check("hdf5: one dataset per tensor in groups by key path, read back with h5py and h5dump", test_hdf5)
 check("--include/--exclude in order, --model-only (torch 1.13's flat FQNs too)", test_filters)

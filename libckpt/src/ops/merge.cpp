@@ -207,6 +207,7 @@ class Merger {
     }
     collect();
     check_selection();
+    note_shared_storages();
     if (!renames_.empty() && o_.format == MergeFormat::kTorch && o_.layout == MergeLayout::kNested &&
         !std::all_of(leaves_.begin(), leaves_.end(), [](const Leaf& l) { return l.flat || l.kind == Leaf::kMeta; })) {
       throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt,
@@ -401,6 +402,24 @@ class Merger {
     std::vector<std::string> why;
     if (o_.model_only && models_ == 0) why.push_back("--model-only: no entry is under the top-level key 'model'");
     selection_.conclude(c_.root.string(), leaves_.size() + not_tensors_, o_.model_only, std::move(why), o_.progress);
+  }
+
+  // Tensors that are views of one storage (tied weights: an embedding and the output layer) are
+  // each written whole, as their own tensor: said, since the output no longer ties them.
+  void note_shared_storages() const {
+    if (!o_.progress) return;
+    std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<std::string_view>> by_storage;
+    for (const Leaf& l : leaves_) {
+      if (!l.tensor || l.tensor->chunks.size() != 1 || !l.tensor->chunks[0].location) continue;
+      const ChunkLocation& loc = *l.tensor->chunks[0].location;
+      if (loc.encoding == ChunkEncoding::kRaw) by_storage[{loc.file, loc.offset}].push_back(l.name);
+    }
+    for (const auto& [where, names] : by_storage) {
+      if (names.size() < 2) continue;
+      std::string list;
+      for (const std::string_view n : names) list += (list.empty() ? "'" : ", '") + std::string(n) + "'";
+      o_.progress->note(list + " share one storage (tied weights): each is written whole");
+    }
   }
 
   // What a safetensors or HDF5 output leaves out besides what was deselected, and how to keep it.

@@ -5,7 +5,8 @@
 // `model-0000k-of-0000n.safetensors`. A file's __metadata__ may carry DCP_SHARDING_INFO, the JSON
 // {fqn: {"saved_offsets": [...]}}: its tensors are then chunks at those offsets, else whole
 // tensors at offset 0. Read as HuggingFaceStorageReader.read_metadata reads them: every such file
-// of the directory, each tensor's shape the furthest extent of its chunks.
+// of the directory, each tensor's shape the furthest extent of its chunks. A box that several files
+// saved (a replicated tensor written by every rank) is read once.
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -78,6 +79,7 @@ Checkpoint open(const std::filesystem::path& dir, MetaTrees) {
   c.root = dir;
   std::map<std::string, std::size_t> by_name;  // tensor name -> its entry
   bool sharded = false;
+  std::size_t replicas = 0;
   for (const std::filesystem::path& p : storage_files(dir)) {
     const SafetensorsFile f = read_safetensors(open_file(p));
     const std::vector<std::vector<std::int64_t>> offsets = saved_offsets(f);
@@ -106,12 +108,25 @@ Checkpoint open(const std::filesystem::path& dir, MetaTrees) {
         e.shape[d] = std::max(e.shape[d], offsets[i][d] + sizes[d]);
         sharded = sharded || offsets[i][d] != 0;
       }
+      // A replica (the same box saved by another file): read once, from the first file, never
+      // concatenated.
+      const bool replica = std::any_of(e.chunks.begin(), e.chunks.end(), [&](const Chunk& ch) {
+        return std::equal(ch.offsets.begin(), ch.offsets.end(), offsets[i].begin(), offsets[i].end()) &&
+               std::equal(ch.sizes.begin(), ch.sizes.end(), sizes.begin(), sizes.end());
+      });
+      if (replica) {
+        ++replicas;
+        continue;
+      }
       ChunkLocation loc;
       loc.file = static_cast<std::uint32_t>(file);
       loc.offset = t.begin;
       loc.length = t.end - t.begin;
       e.chunks.push_back({offsets[i], sizes, loc});
     }
+  }
+  if (replicas) {
+    c.notes.push_back(std::to_string(replicas) + " chunks were saved by more than one file (replicas); the first file's copy is used");
   }
   c.writer = std::string("torch.distributed.checkpoint HuggingFaceStorageWriter") + (sharded ? " (sharded)" : "") + ", " +
              std::to_string(c.files.size()) + " files";
