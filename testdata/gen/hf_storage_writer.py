@@ -31,7 +31,8 @@ def safetensors_bytes(torch, tensors, metadata):
     header, body, at = {"__metadata__": metadata}, b"", 0
     for k in order:
         t = tensors[k].contiguous()
-        data = bytes((t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).reshape(-1).numpy()) if t.numel() else b""
+        flat = t.reshape(-1)
+        data = bytes((flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)).numpy()) if t.numel() else b""
         header[k] = {"dtype": ST_NAMES[str(t.dtype).replace("torch.", "")], "shape": list(t.shape), "data_offsets": [at, at + len(data)]}
         body += data
         at += len(data)

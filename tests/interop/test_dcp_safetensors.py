@@ -18,6 +18,7 @@ a = args()
 torch = import_torch()
 work = tmpdir()
 sys.path.insert(0, os.path.join(a.testdata, "gen"))
+import dcp_oracle  # noqa: E402
 import hf_storage_writer as hf  # noqa: E402
 
 
@@ -83,6 +84,78 @@ def test_replicas():
     merged = os.path.join(work, "hf_replicas.pt")
     run(a.merge, path, "-o", merged, "-q")
     same(torch.load(merged)["model.norm.weight"], state()["model.norm.weight"], "model.norm.weight")
+
+
+def to_safetensors_serialization(src, out):
+    """`src` (a DCP directory of torch.save items, written by ckpt_probe) as
+    FileSystemWriter(serialization_format=SerializationFormat.SAFETENSORS) would have written it,
+    following torch/distributed/checkpoint/filesystem.py: _write_files_from_queue writes a file's
+    bytes items first, each recorded where it lands; _write_item records every tensor item at the
+    stream's position (nothing is written for it: the blob's start) with length numel x element
+    size; then one safetensors.torch.save of {fqn: tensor} with DCP_SHARDING_INFO, DCP_VERSION and
+    format in __metadata__. .metadata keeps everything else."""
+    import io
+    import pickle
+    dcp_oracle.install_2x_stubs()
+    meta = pickle.load(open(os.path.join(src, ".metadata"), "rb"))
+    by_file = {}
+    for index, info in meta.storage_data.items():
+        by_file.setdefault(info.relative_path, []).append((index, info))
+    os.makedirs(out, exist_ok=True)
+    for rel, entries in by_file.items():
+        data = open(os.path.join(src, rel), "rb").read()
+        entries.sort(key=lambda e: e[1].offset)
+        tensor = [e for e in entries if type(meta.state_dict_metadata[e[0].fqn]).__name__ == "TensorStorageMetadata"]
+        blob = b""
+        for index, info in entries:
+            if (index, info) in tensor:
+                continue
+            item = data[info.offset:info.offset + info.length]
+            info.offset = len(blob)
+            blob += item
+        at = len(blob)
+        tensors, offsets = {}, {}
+        for index, info in tensor:
+            t = torch.load(io.BytesIO(data[info.offset:info.offset + info.length]))
+            tensors[index.fqn] = t
+            offsets[index.fqn] = {"saved_offsets": list(index.offset)}
+            info.offset, info.length = at, t.numel() * t.element_size()
+        blob += hf.safetensors_bytes(torch, tensors, {"DCP_SHARDING_INFO": json.dumps(offsets), "DCP_VERSION": "1.0", "format": "pt"})
+        open(os.path.join(out, rel), "wb").write(blob)
+    with open(os.path.join(out, ".metadata"), "wb") as f:
+        pickle.dump(meta, f, protocol=4)
+
+
+def test_safetensors_serialization():
+    """DCP's SAFETENSORS serialization: the tensors read from each file's blob, equal to what
+    PyTorch reads from the same checkpoint saved with torch.save items; merged, verified,
+    resharded; a blob that disagrees with .metadata refused."""
+    src = os.path.join(work, "ts_items")
+    probe(a, "write-dcp", src, "3", "2.x", "none")
+    out = os.path.join(work, "st_items")
+    to_safetensors_serialization(src, out)
+    assert all(b"DCP_SHARDING_INFO" in open(os.path.join(out, f), "rb").read() for f in os.listdir(out) if f.endswith(".distcp"))
+    run(a.inspect, "verify", "--deep", out)
+    assert "0 differ" in run(a.inspect, "diff", src, out).stdout
+    os.makedirs(os.path.join(work, "a"), exist_ok=True)
+    os.makedirs(os.path.join(work, "b"), exist_ok=True)
+    merged, want = os.path.join(work, "a", "merged.pt"), os.path.join(work, "b", "merged.pt")  # one archive name
+    run(a.merge, out, "-o", merged, "-q")
+    run(a.merge, src, "-o", want, "-q")
+    dcp_oracle.same(torch, torch.load(merged), dcp_oracle.dcp_to_torch_save(torch, src))
+    assert open(merged, "rb").read() == open(want, "rb").read()
+    resharded = os.path.join(work, "st_items_2")
+    run(a.shard, out, "-o", resharded, "-n", "2", "-q")
+    assert "0 differ" in run(a.inspect, "diff", src, resharded).stdout
+    # a blob whose tensor is not the chunk .metadata records
+    f = sorted(x for x in os.listdir(out) if x.endswith(".distcp"))[0]
+    data = bytearray(open(os.path.join(out, f), "rb").read())
+    marker = b'saved_offsets\\": ['  # inside the header's JSON string, its quotes escaped
+    at = data.index(marker) + len(marker)
+    data[at:at + 1] = b"9"
+    open(os.path.join(out, f), "wb").write(bytes(data))
+    r = probe(a, "dump-checkpoint", out, expect_ok=False)
+    assert r.returncode == 1 and "is not the chunk .metadata records" in r.stderr and f in r.stderr, r.stderr
 
 
 def test_hostile():
@@ -162,6 +235,8 @@ check("fsdp-ckpt-shard --format hf-safetensors at 1, 3, 5 and 11 ranks (fsdp, dt
 check("--format hf-safetensors refuses a bool tensor (the reader would read float32) and --files-per-rank; notes what it "
       "leaves out", test_shard_refusals)
 check("a replicated tensor every rank wrote is read once, not concatenated, and noted", test_replicas)
+check("FileSystemWriter(serialization_format=SAFETENSORS): tensors read from each file's blob == the same checkpoint "
+      "with torch.save items, merged byte-identical, verified, resharded; a blob that disagrees refused", test_safetensors_serialization)
 check("hostile sharding info: overlapping chunks refused by verify and merge; a tensor without its entry named with its offset",
       test_hostile)
 finish()

@@ -65,6 +65,16 @@ std::vector<std::filesystem::path> rank_local_metadata(const std::filesystem::pa
 /// How a DCP checkpoint's items are read (formats/dcp/driver.cpp); open_dcp gives it to the index.
 std::shared_ptr<const ItemDecoder> dcp_items();
 
+/// NOTE [DCP's safetensors serialization]: a checkpoint that FileSystemWriter saved with
+/// serialization_format=SAFETENSORS (torch 2.7 and later) keeps each data file's tensors in one
+/// safetensors blob after its bytes items, and .metadata records every tensor item of a file at
+/// the blob's start with length numel x element size, not where its bytes are. This finds each
+/// such file (its tensor items do not start with a torch.save archive but with a safetensors
+/// header) and points its chunks at their bytes in the blob, raw, after checking the blob's dtype,
+/// shape and DCP_SHARDING_INFO offsets against the metadata. Throws kFormat/kMismatch naming the
+/// file and offset; kUnsupported for such items under a transform.
+void resolve_safetensors_items(Checkpoint& c);
+
 /// How two indexes differ (the first difference found, in words), or empty when they are the same:
 /// entries, chunks and their locations, files, notes, writer and planner_data. For tests and the
 /// fuzz target, which hold the two readers to the same result.

@@ -571,6 +571,7 @@ Checkpoint open_dcp(const std::filesystem::path& dir, MetaTrees trees) {
     }
   }
   c.items = detail::dcp_items();
+  detail::resolve_safetensors_items(c);
   return c;
 }
 

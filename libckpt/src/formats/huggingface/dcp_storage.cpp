@@ -9,18 +9,16 @@
 // saved (a replicated tensor written by every rank) is read once.
 #include <algorithm>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <regex>
 #include <vector>
 
 #include "ckpt/error.hpp"
 #include "ckpt/formats/safetensors.hpp"
+#include "formats/dcp/sharding_info.hpp"
 #include "formats/driver.hpp"
 
 namespace ckpt::formats {
 namespace {
-
-constexpr std::string_view kShardingInfo = "DCP_SHARDING_INFO";
 
 // The directory's files as the writer names them, sorted; a symbolic link that leads outside is
 // left out (it is not read).
@@ -41,38 +39,6 @@ Format detect(const Probe& p) {
   return storage_files(p.path).empty() ? Format::kUnknown : Format::kDcpSafetensors;
 }
 
-// Each tensor of `f` (file `file` of the checkpoint) with its saved offsets.
-std::vector<std::vector<std::int64_t>> saved_offsets(const SafetensorsFile& f) {
-  const std::string& name = f.source->name();
-  std::vector<std::vector<std::int64_t>> out;
-  const auto info = std::find_if(f.metadata.begin(), f.metadata.end(), [](const auto& kv) { return kv.first == kShardingInfo; });
-  if (info == f.metadata.end()) {
-    for (const SafetensorsTensor& t : f.tensors) out.emplace_back(t.shape.size(), 0);
-    return out;
-  }
-  auto fail = [&](const std::string& what) { throw Error(ErrorKind::kFormat, name, 8, "__metadata__ " + std::string(kShardingInfo) + " " + what); };
-  const nlohmann::json j = nlohmann::json::parse(info->second, nullptr, false);
-  if (!j.is_object()) fail("is not a JSON object");
-  for (const SafetensorsTensor& t : f.tensors) {
-    const auto it = j.find(t.name);
-    if (it == j.end()) fail("has no entry for tensor '" + t.name + "'");
-    const auto at = it->is_object() ? it->find("saved_offsets") : it->end();
-    if (!it->is_object() || at == it->end() || !at->is_array() || at->size() != t.shape.size()) {
-      fail("entry of '" + t.name + "' has no saved_offsets of " + std::to_string(t.shape.size()) + " ints");
-    }
-    std::vector<std::int64_t> offsets;
-    for (std::size_t d = 0; d < t.shape.size(); ++d) {
-      const auto& o = (*at)[d];
-      if (!o.is_number_unsigned() || o.get<std::uint64_t>() > (std::uint64_t{1} << 62) - t.shape[d]) {
-        fail("entry of '" + t.name + "' has saved offset " + o.dump() + ", not an int in [0, 2^62 - size)");
-      }
-      offsets.push_back(o.get<std::int64_t>());
-    }
-    out.push_back(std::move(offsets));
-  }
-  return out;
-}
-
 Checkpoint open(const std::filesystem::path& dir, MetaTrees) {
   Checkpoint c;
   c.format = Format::kDcpSafetensors;
@@ -82,7 +48,12 @@ Checkpoint open(const std::filesystem::path& dir, MetaTrees) {
   std::size_t replicas = 0;
   for (const std::filesystem::path& p : storage_files(dir)) {
     const SafetensorsFile f = read_safetensors(open_file(p));
-    const std::vector<std::vector<std::int64_t>> offsets = saved_offsets(f);
+    std::vector<std::vector<std::int64_t>> offsets;
+    if (auto saved = detail::dcp_saved_offsets(f)) {
+      offsets = std::move(*saved);
+    } else {
+      for (const SafetensorsTensor& t : f.tensors) offsets.emplace_back(t.shape.size(), 0);
+    }
     const std::size_t file = c.files.size();
     c.files.push_back({p.filename().string(), p, f.source->size()});
     for (std::size_t i = 0; i < f.tensors.size(); ++i) {
