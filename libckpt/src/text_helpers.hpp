@@ -32,6 +32,12 @@ inline void append_padded(std::string& out, std::string_view t, std::size_t n) {
   out.append(w >= n ? 1 : n - w + 1, ' ');
 }
 
+/// `b` as two lowercase hex digits.
+inline std::string hex_byte(unsigned char b) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  return {kDigits[b >> 4], kDigits[b & 15]};
+}
+
 inline std::string pad(const std::string& t, std::size_t n) {
   std::string out;
   append_padded(out, t, n);

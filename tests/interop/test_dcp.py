@@ -6,6 +6,7 @@ dataclass patch), the torch 2.4 Megatron checkpoint's with stand-ins at the 2.x 
 item is read with torch.load from its slice, tensors assembled in Python, and the result must
 equal what our reader assembles. Hostile .metadata files must be refused, never run."""
 import io
+import json
 import os
 import pathlib
 import pickle
@@ -195,6 +196,20 @@ def test_megatron_with_save_plans():
     assert v.returncode == 0, v.stdout + v.stderr
     j = subprocess.run([a.inspect, "--meta", d], capture_output=True, text=True)
     assert j.returncode == 0 and "MCoreSavePlan" in j.stdout, j.stdout[-2000:] + j.stderr
+    # --json --meta: the plans as data, their class and arguments, never built
+    j = subprocess.run([a.inspect, "--json", "--meta", d], capture_output=True, text=True)
+    assert j.returncode == 0, j.stderr
+
+    def classes(v):
+        if isinstance(v, dict):
+            yield from ([v["class"]] if isinstance(v.get("class"), str) else [])
+            for x in v.values():
+                yield from classes(x)
+        elif isinstance(v, list):
+            for x in v:
+                yield from classes(x)
+    found = set(classes(json.loads(j.stdout)["meta_json"][".metadata"]))
+    assert any(c.endswith("MCoreSavePlan") for c in found) and "torch.distributed.checkpoint.planner.WriteItem" in found, sorted(found)
     # The same plans, one naming code: refused with its offset, never run.
     bad = with_save_plans(src, "megatron_plans_evil", hostile=Evil())
     r = probe(a, "dump-checkpoint", bad, expect_ok=False)

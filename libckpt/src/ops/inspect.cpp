@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // inspect: the Checkpoint index printed as a summary and a table, or as JSON schema 1.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -18,6 +19,10 @@ namespace {
 using detail::pad;
 using detail::shape_text;
 using nlohmann::ordered_json;
+
+// The most nodes --json --meta shows of one pickled tree (a .metadata kept whole has a node per
+// chunk; the text form stops at 1 MiB likewise).
+constexpr std::size_t kMetaJsonNodes = 200000;
 
 // Which part of a training state an entry belongs to, from its first key.
 std::string group_of(const std::string& name, bool tensor) {
@@ -157,6 +162,79 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
   }
 }
 
+// A pickled value as JSON data, for --json --meta: plain values as themselves, the rest as objects
+// that say what they are ({"class": "torch._utils._rebuild_tensor_v2", "args": [...]}, {"tuple":
+// [...]}, {"global": "torch.float32"}, ...), never built. At most `budget` nodes; past that
+// {"truncated": true}.
+class PickleJson {
+ public:
+  explicit PickleJson(std::size_t budget) : left_(budget) {}
+
+  ordered_json operator()(const pickle::Value& v) {
+    if (left_ == 0) return ordered_json{{"truncated", true}};
+    --left_;
+    return std::visit([&](const auto& p) { return emit(p); }, v.payload);
+  }
+
+ private:
+  ordered_json list(const std::vector<pickle::ValuePtr>& items) {
+    ordered_json out = ordered_json::array();
+    for (const auto& x : items) out.push_back(x ? (*this)(*x) : ordered_json());
+    return out;
+  }
+  ordered_json pairs(const std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>>& items) {
+    const bool str_keys = std::all_of(items.begin(), items.end(), [](const auto& kv) { return kv.first && kv.first->str(); });
+    if (str_keys) {
+      ordered_json out = ordered_json::object();
+      for (const auto& [k, v] : items) out[*k->str()] = v ? (*this)(*v) : ordered_json();
+      return out;
+    }
+    ordered_json out = ordered_json::array();
+    for (const auto& [k, v] : items) out.push_back(ordered_json::array({k ? (*this)(*k) : ordered_json(), v ? (*this)(*v) : ordered_json()}));
+    return ordered_json{{"dict", std::move(out)}};
+  }
+  ordered_json emit(const pickle::None&) { return nullptr; }
+  ordered_json emit(bool b) { return b; }
+  ordered_json emit(const pickle::Int& i) {
+    if (i.fits_int64()) return i.value;
+    std::string hex;
+    for (auto it = i.big.rbegin(); it != i.big.rend(); ++it) hex += detail::hex_byte(*it);
+    return ordered_json{{"int", "0x" + hex}};
+  }
+  ordered_json emit(double d) {
+    if (std::isfinite(d)) return d;
+    return ordered_json{{"float", std::isnan(d) ? "nan" : d > 0 ? "inf" : "-inf"}};
+  }
+  ordered_json emit(const pickle::Str& t) { return t.text; }
+  ordered_json emit(const pickle::Bytes& b) {
+    std::string hex;
+    for (std::size_t i = 0; i < std::min<std::size_t>(b.data.size(), 256); ++i) hex += detail::hex_byte(static_cast<unsigned char>(b.data[i]));
+    return ordered_json{{"bytes", hex}, {"length", b.data.size()}};
+  }
+  ordered_json emit(const pickle::List& l) { return list(l.items); }
+  ordered_json emit(const pickle::Tuple& t) { return ordered_json{{"tuple", list(t.items)}}; }
+  ordered_json emit(const pickle::Set& t) { return ordered_json{{"set", list(t.items)}}; }
+  ordered_json emit(const pickle::FrozenSet& t) { return ordered_json{{"frozenset", list(t.items)}}; }
+  ordered_json emit(const pickle::Dict& d) { return pairs(d.items); }
+  ordered_json emit(const std::unique_ptr<pickle::Global>& g) { return ordered_json{{"global", g->module + "." + g->name}}; }
+  ordered_json emit(const std::unique_ptr<pickle::Object>& o) {
+    ordered_json out = ordered_json::object();
+    const pickle::Global* g = o->callable ? o->callable->global() : nullptr;
+    out["class"] = g ? ordered_json(g->module + "." + g->name) : o->callable ? (*this)(*o->callable) : ordered_json();
+    if (o->op != pickle::BuildOp::kReduce) out["new"] = true;
+    const auto* args = o->args ? o->args->sequence() : nullptr;
+    out["args"] = args ? list(*args) : o->args ? (*this)(*o->args) : ordered_json::array();
+    if (o->kwargs) out["kwargs"] = (*this)(*o->kwargs);
+    if (!o->list_items.empty()) out["items"] = list(o->list_items);
+    if (!o->dict_items.empty()) out["dict_items"] = pairs(o->dict_items);
+    if (o->state) out["state"] = (*this)(*o->state);
+    return out;
+  }
+  ordered_json emit(const pickle::PersistentId& p) { return ordered_json{{"persistent_id", p.pid ? (*this)(*p.pid) : ordered_json()}}; }
+
+  std::size_t left_;
+};
+
 ordered_json chunk_json(const Checkpoint& c, const Chunk& ch) {
   ordered_json x{{"offsets", ch.offsets}, {"sizes", ch.sizes}};
   if (ch.location) {
@@ -222,6 +300,7 @@ void print_json(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
       if (opt.meta || o->value) {
         auto v = opt.meta ? reader.object_value(*o) : o->value;
         x["value"] = v ? pickle::repr(*v, 4096) : std::string();
+        if (opt.meta && v) x["value_json"] = PickleJson(kMetaJsonNodes)(*v);
       }
     }
     if (i) out << ",";
@@ -236,9 +315,15 @@ void print_json(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
   dump(ordered_json(c.notes));
   if (opt.meta) {
     ordered_json meta = ordered_json::object();
-    for (const auto& [n, tree] : c.meta_trees) meta[n] = pickle::repr(*tree, 1u << 20);
+    ordered_json meta_json = ordered_json::object();
+    for (const auto& [n, tree] : c.meta_trees) {
+      meta[n] = pickle::repr(*tree, 1u << 20);
+      meta_json[n] = PickleJson(kMetaJsonNodes)(*tree);
+    }
     key("meta");
     dump(meta);
+    key("meta_json");
+    dump(meta_json);
   }
   out << "}\n";
 }
