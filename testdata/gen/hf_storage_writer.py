@@ -106,3 +106,61 @@ def read_as_hf_storage_reader(torch, path):
             view.copy_(t)
         out[k] = full
     return out
+
+
+def consolidate(torch, input_dir, output_dir):
+    """consolidate_safetensors_files(input_dir, output_dir) with no fqn_to_index_mapping, as
+    torch/distributed/checkpoint/_consolidate_hf_safetensors.py writes it: one file,
+    model-00001-of-00001.safetensors, its header json.dumps of {fqn: {"shape", "dtype",
+    "data_offsets"}} (default separators, no __metadata__, no padding) in the order tensors are
+    first met over the input files, each tensor's chunks copied into place by their saved offsets;
+    then model.safetensors.index.json. Like the source, it takes an element's size from
+    torch.finfo(dtype).bits, which raises for integer and bool dtypes."""
+    dtypes = {v: getattr(torch, k) for k, v in ST_NAMES.items()}
+    inputs = []
+    for f in sorted(os.listdir(input_dir)):
+        if not f.endswith(".safetensors"):
+            continue
+        data = open(os.path.join(input_dir, f), "rb").read()
+        (n,) = struct.unpack("<Q", data[:8])
+        inputs.append((json.loads(data[8:8 + n]), 8 + n, data))
+    sizes = {}
+    for header, _, _ in inputs:
+        info = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+        for k, v in header.items():
+            if k == "__metadata__":
+                continue
+            full = [s + o for s, o in zip(v["shape"], info[k]["saved_offsets"])]
+            if k in sizes:
+                full = [max(a, b) for a, b in zip(sizes[k][0], full)]
+            sizes[k] = (full, v["dtype"])
+    meta, at = {}, 0
+    for k, (shape, dt) in sizes.items():
+        size = torch.finfo(dtypes[dt]).bits // 8  # as the source: integer dtypes raise here
+        end = at + size * (int(torch.tensor(shape).prod()) if shape else 1)
+        meta[k] = {"shape": shape, "dtype": dt, "data_offsets": [at, end]}
+        at = end
+    head = json.dumps(meta).encode("utf-8")
+    body = bytearray(at)
+    for header, start, data in inputs:
+        info = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+        for k, v in header.items():
+            if k == "__metadata__":
+                continue
+            full, dt = sizes[k]
+            b, e = v["data_offsets"]
+            chunk = torch.frombuffer(bytearray(data[start + b:start + e]), dtype=dtypes[dt]).reshape(v["shape"]) if e > b else None
+            if chunk is None:
+                continue
+            whole = torch.frombuffer(body, dtype=dtypes[dt], count=int(torch.tensor(full).prod()) if full else 1,
+                                     offset=meta[k]["data_offsets"][0]).reshape(full)
+            view = whole
+            for d, (o, s) in enumerate(zip(info[k]["saved_offsets"], v["shape"])):
+                view = view.narrow(d, o, s)
+            view.copy_(chunk)
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "model-00001-of-00001.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + bytes(body))
+    total = sum(m["data_offsets"][1] - m["data_offsets"][0] for m in meta.values())
+    with open(os.path.join(output_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": {k: "model-00001-of-00001.safetensors" for k in meta}}, f, indent=2)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import args, check, finish, import_torch, probe, read_safetensors, tmpdir  # noqa: E402
+from common import args, check, finish, import_torch, probe, raw, read_safetensors, tmpdir  # noqa: E402
 
 a = args()
 torch = import_torch()
@@ -158,6 +158,33 @@ def test_safetensors_serialization():
     assert r.returncode == 1 and "is not the chunk .metadata records" in r.stderr and f in r.stderr, r.stderr
 
 
+def test_consolidation():
+    """merge of DCP's Hugging Face storage == what consolidate_safetensors_files makes of it (its
+    re-implementation in hf_storage_writer.py): the same tensors, names, dtypes and bytes; and the
+    integer tensors that consolidation fails on (torch.finfo of an int dtype) merge too."""
+    floats = {k: v for k, v in state().items() if v.is_floating_point()}
+    path = os.path.join(work, "hf_floats")
+    shutil.rmtree(path, ignore_errors=True)
+    hf.save_sharded(torch, floats, 3, path, replicated=("model.norm.weight",))
+    theirs_dir = os.path.join(work, "consolidated")
+    hf.consolidate(torch, path, theirs_dir)
+    _, theirs = read_safetensors(os.path.join(theirs_dir, "model-00001-of-00001.safetensors"), padded=False)
+    ours_dir = os.path.join(work, "ours_consolidated")
+    run(a.merge, path, "-o", ours_dir, "--max-shard-size", "1GB", "-q")
+    _, ours = read_safetensors(os.path.join(ours_dir, "model.safetensors"))
+    assert ours == theirs, sorted(set(ours) ^ set(theirs))
+    assert "0 differ" in run(a.inspect, "diff", path, theirs_dir).stdout
+    try:
+        hf.consolidate(torch, save("hf_ints", 2), os.path.join(work, "consolidated_ints"))
+        raise AssertionError("the re-implemented consolidation took an int64 tensor; the source's torch.finfo would not")
+    except TypeError:
+        pass
+    merged = os.path.join(work, "hf_ints.safetensors")
+    run(a.merge, save("hf_ints", 2), "-o", merged, "-q")
+    _, tensors = read_safetensors(merged)
+    assert tensors["model.layers.0.steps"][0] == "I64" and tensors["model.layers.0.steps"][2] == raw(state()["model.layers.0.steps"])
+
+
 def test_hostile():
     path = save("hf_bad", 2)
     f = os.path.join(path, "shard-00002-model-00001-of-00001.safetensors")
@@ -237,6 +264,8 @@ check("--format hf-safetensors refuses a bool tensor (the reader would read floa
 check("a replicated tensor every rank wrote is read once, not concatenated, and noted", test_replicas)
 check("FileSystemWriter(serialization_format=SAFETENSORS): tensors read from each file's blob == the same checkpoint "
       "with torch.save items, merged byte-identical, verified, resharded; a blob that disagrees refused", test_safetensors_serialization)
+check("merge == consolidate_safetensors_files (re-implemented from its source) on the same storage; int tensors, "
+      "which that consolidation cannot take, merge too", test_consolidation)
 check("hostile sharding info: overlapping chunks refused by verify and merge; a tensor without its entry named with its offset",
       test_hostile)
 finish()
