@@ -12,7 +12,7 @@
 // batch. Only the memo entries a GET uses are kept (the first pass, pickle/memo_scan.hpp, which
 // for a .metadata up to 16 MiB runs beside the reader: NOTE [The first pass beside the reader]).
 //
-// It reads only what a well-formed .metadata holds, the shapes torch 1.13 to 2.x write. Anything
+// It reads only what a well-formed .metadata holds, the shapes torch 1.13 to 2.flag write. Anything
 // else (an error of any kind, an opcode or class it does not model, a list or dict a GET shares,
 // a Metadata subclass) makes it decline, and the tree reader reads the file from the start: so
 // every error is the tree reader's, with its offsets and wording, every hostile pickle is refused
@@ -53,30 +53,33 @@ struct Reguess {};
 
 enum class Tag : std::uint8_t {
   kNone, kBool, kInt, kFloat,
-  kStr,  // a = where its bytes are, n = how many; x = 1 once the memo holds it (a GET may share it), b = its slot
+  kStr,  // at = where its bytes are, count = how many; flag = 1 once the memo holds it (a GET may share it), aux = its slot
   kBytes, kGlobal,
-  kTuple, kList, kDict,  // a = first token in the arena, n = tokens (a dict's are key, value, ...);
-                         // a dict's b = its number, x = what its pairs went to (kKept, kEntries, ...)
-  kObject,  // made by NEWOBJ, not (or, BytesStorageMetadata, already) built: kind its class, a its global
+  kTuple, kList, kDict,  // at = first token in the arena, count = tokens (a dict's are key, value, ...);
+                         // a dict's aux = its number, flag = what its pairs went to (kKept, kEntries, ...)
+  kObject,  // made by NEWOBJ, not (or, BytesStorageMetadata, already) built: kind its class, at its global
   kOther,   // a value whose content nothing reads (a layout, a memory format, a path, StorageMeta)
-  kSize,    // torch.Size: a = its ints in the arena, n = how many
-  kProps,   // TensorProperties: a = DType, b = requires_grad
-  kChunk,   // ChunkStorageMetadata: a = offsets, b = sizes (ints in the arena), n = rank
-  kTensor,  // TensorStorageMetadata: a = its entry in tensors_
-  kIndex,   // MetadataIndex: a, n = fqn's bytes; b = offsets in the arena, x = rank or kNoOffsets
-  kInfo,    // _StorageInfo: n = its file's index; a = offset; b = length; x = transforms + 1
+  kSize,    // torch.Size: at = its ints in the arena, count = how many
+  kProps,   // TensorProperties: at = DType, aux = requires_grad
+  kChunk,   // ChunkStorageMetadata: at = offsets, aux = sizes (ints in the arena), count = rank
+  kTensor,  // TensorStorageMetadata: at = its entry in tensors_
+  kIndex,   // MetadataIndex: at, count = fqn's bytes; aux = offsets in the arena, flag = rank or kNoOffsets
+  kInfo,    // _StorageInfo: count = its file's index; at = offset; aux = length; flag = transforms + 1
   kRoot,    // the Metadata object, read
   kUnset,   // a memo slot no PUT has set yet
 };
 
+// A token: what the reader keeps of a value. What `at`, `count`, `aux` and `flag` hold depends on
+// the tag (Tag says, for each).
 struct Tok {
   Tag tag = Tag::kNone;
   GlobalKind kind = GlobalKind::kOpaque;
   std::uint16_t depth = 0;  ///< nesting below it, as the tree reader counts it
-  std::uint32_t n = 0;
-  std::uint32_t x = 0;
-  std::uint32_t end = 0;  ///< the arena tokens below this index it needs (0: none)
-  std::uint64_t a = 0, b = 0;
+  std::uint32_t count = 0;  ///< how many: bytes, tokens, ints (a chunk's rank; a storage's file)
+  std::uint32_t flag = 0;   ///< a str: memoized; a dict: where its pairs went; an index: its rank; a storage: transforms + 1
+  std::uint32_t end = 0;    ///< the arena tokens below this index it needs (0: none)
+  std::uint64_t at = 0;     ///< where: bytes in the input, the first token or int in the arena; or an int's value
+  std::uint64_t aux = 0;    ///< a second value: a str's memo slot, a dict's number, a chunk's sizes, a length
 };
 static_assert(sizeof(Tok) == 32);
 constexpr std::uint32_t kNoOffsets = ~std::uint32_t{0};
@@ -151,7 +154,7 @@ class TokArena {
       Tok& t = toks_[size_ + k];
       t = Tok{};
       t.tag = Tag::kInt;
-      t.a = static_cast<std::uint64_t>(v[k]);
+      t.at = static_cast<std::uint64_t>(v[k]);
     }
     size_ += n;
   }
@@ -411,14 +414,14 @@ class DirectReader {
   void need(std::size_t i, std::uint64_t bytes) const {
     if (bytes > n_ - i) decline();
   }
-  std::string_view view(const Tok& s) const { return {reinterpret_cast<const char*>(p0_ + s.a), s.n}; }
+  std::string_view view(const Tok& s) const { return {reinterpret_cast<const char*>(p0_ + s.at), s.count}; }
   void push_str(std::size_t at, std::uint64_t len) {
     if (len > 0xffffffffu) decline();
     std::string_view s(reinterpret_cast<const char*>(p0_ + at), len);
     if (!pickle::valid_utf8(s)) decline();
     Tok& t = emplace(Tag::kStr);
-    t.a = at;
-    t.n = static_cast<std::uint32_t>(len);
+    t.at = at;
+    t.count = static_cast<std::uint32_t>(len);
   }
 
   // --- the stack ---
@@ -481,12 +484,12 @@ class DirectReader {
   Tok make_tuple(std::size_t from) {
     Tok t;
     t.tag = Tag::kTuple;
-    t.a = arena_.size();
-    t.n = static_cast<std::uint32_t>(stack_.size() - from);
+    t.at = arena_.size();
+    t.count = static_cast<std::uint32_t>(stack_.size() - from);
     t.depth = deepest(from);
     arena_.append(stack_.begin() + from, stack_.end());
     shrink(from);
-    t.end = t.n ? arena_end() : 0;
+    t.end = t.count ? arena_end() : 0;
     return t;
   }
   // Adds stack items [from, end of stack) to the list or dict below them, whose run moves to the
@@ -499,20 +502,20 @@ class DirectReader {
       shrink(from);
       return;
     }
-    if (target.n != 0 && target.a + target.n != arena_.size()) {
+    if (target.count != 0 && target.at + target.count != arena_.size()) {
       // The old run is left behind until the tail is given back: bounded, so that a pickle of
       // many small batches cannot make this quadratic (the tree reader then reads it).
-      relocated_ += target.n;
+      relocated_ += target.count;
       if (relocated_ > n_ / 8 + kBatch) decline();
-      const std::size_t old = target.a;
-      target.a = arena_.size();
-      arena_.append_own(old, target.n);
-    } else if (target.n == 0) {
-      target.a = arena_.size();
+      const std::size_t old = target.at;
+      target.at = arena_.size();
+      arena_.append_own(old, target.count);
+    } else if (target.count == 0) {
+      target.at = arena_.size();
     }
     target.depth = std::max(target.depth, deepest(from));
     arena_.append(stack_.begin() + from, stack_.end());
-    target.n += static_cast<std::uint32_t>(added);
+    target.count += static_cast<std::uint32_t>(added);
     target.end = arena_end();
     shrink(from);
     retop();
@@ -567,9 +570,9 @@ class DirectReader {
     Tok& t = stack_.back();
     if (!shareable(t.tag) || t.end != 0) return;  // not kept: a GET of it is a wrong guess
     const std::size_t slot = guess_slot(memo_count_ - 1);
-    if (t.tag == Tag::kStr && t.x == 0) {
-      t.x = 1;
-      t.b = slot;
+    if (t.tag == Tag::kStr && t.flag == 0) {
+      t.flag = 1;
+      t.aux = slot;
     }
     memo_.push_back(t);
   }
@@ -590,9 +593,9 @@ class DirectReader {
     if (memo_[slot].tag != Tag::kUnset) decline();
     Tok& t = stack_.back();
     if (!shareable(t.tag)) decline();
-    if (t.tag == Tag::kStr && t.x == 0) {  // may be shared: tree() makes one node of it, by b
-      t.x = 1;
-      t.b = slot;
+    if (t.tag == Tag::kStr && t.flag == 0) {  // may be shared: tree() makes one node of it, by b
+      t.flag = 1;
+      t.aux = slot;
     }
     memo_[slot] = t;
     pinned_ = std::max(pinned_, t.end);
@@ -627,12 +630,12 @@ class DirectReader {
     Tok t;
     t.tag = Tag::kGlobal;
     t.kind = gp->kind;
-    t.a = globals_.size();
+    t.at = globals_.size();
     globals_.push_back(std::move(g));
     return t;
   }
-  const pickle::Global& global_of(const Tok& t) const { return *globals_[t.a]->global(); }
-  const Tok& item(const Tok& seq, std::size_t k) const { return arena_[seq.a + k]; }
+  const pickle::Global& global_of(const Tok& t) const { return *globals_[t.at]->global(); }
+  const Tok& item(const Tok& seq, std::size_t k) const { return arena_[seq.at + k]; }
 
   void reduce() {
     Tok args = pop();
@@ -642,20 +645,20 @@ class DirectReader {
     r.depth = deeper(deeper(0, callable), args);
     switch (callable.kind) {
       case GlobalKind::kTorchSize: {
-        if (args.n != 1) decline();
+        if (args.count != 1) decline();
         const Tok& seq = item(args, 0);
         if (seq.tag != Tag::kTuple && seq.tag != Tag::kList) decline();
-        for (std::size_t k = 0; k < seq.n; ++k) {
+        for (std::size_t k = 0; k < seq.count; ++k) {
           if (item(seq, k).tag != Tag::kInt) decline();
         }
         r.tag = Tag::kSize;
-        r.a = seq.a;
-        r.n = seq.n;
-        r.end = seq.n ? static_cast<std::uint32_t>(seq.a + seq.n) : 0;
+        r.at = seq.at;
+        r.count = seq.count;
+        r.end = seq.count ? static_cast<std::uint32_t>(seq.at + seq.count) : 0;
         break;
       }
       case GlobalKind::kBuiltinGetattr: {
-        const bool member = args.n == 2 && item(args, 0).tag == Tag::kGlobal && item(args, 0).kind == GlobalKind::kDcpMemoryFormat &&
+        const bool member = args.count == 2 && item(args, 0).tag == Tag::kGlobal && item(args, 0).kind == GlobalKind::kDcpMemoryFormat &&
                             item(args, 1).tag == Tag::kStr;
         if (!member) decline();
         r.tag = Tag::kOther;
@@ -675,7 +678,7 @@ class DirectReader {
   void newobj() {
     Tok args = pop();
     Tok cls = pop();
-    if (args.tag != Tag::kTuple || args.n != 0 || cls.tag != Tag::kGlobal) decline();
+    if (args.tag != Tag::kTuple || args.count != 0 || cls.tag != Tag::kGlobal) decline();
     switch (cls.kind) {
       case GlobalKind::kDcpMetadata: case GlobalKind::kDcpTensorStorageMetadata: case GlobalKind::kDcpChunkStorageMetadata:
       case GlobalKind::kDcpBytesStorageMetadata: case GlobalKind::kDcpTensorProperties: case GlobalKind::kDcpStorageMeta:
@@ -686,7 +689,7 @@ class DirectReader {
     Tok o;
     o.tag = Tag::kObject;
     o.kind = cls.kind;
-    o.a = cls.a;
+    o.at = cls.at;
     o.depth = deeper(deeper(0, cls), args);
     push(o);
   }
@@ -701,8 +704,8 @@ class DirectReader {
   // Whether `key` is the str `name` (a glance asks too).
   bool named(const Tok& key, Name& name) const {
     if (key.tag != Tag::kStr) return false;
-    if ((key.a == name.at && name.at != 0) || view(key) == name.text) {
-      name.at = key.a;
+    if ((key.at == name.at && name.at != 0) || view(key) == name.text) {
+      name.at = key.at;
       return true;
     }
     return false;
@@ -712,7 +715,7 @@ class DirectReader {
     const Tok* p;
     std::size_t n;
   };
-  Pairs pairs(const Tok& dict) const { return {dict.n ? &item(dict, 0) : nullptr, dict.n}; }
+  Pairs pairs(const Tok& dict) const { return {dict.count ? &item(dict, 0) : nullptr, dict.count}; }
   const Tok* field(Pairs dict, Name& name) const {
     for (std::size_t k = 0; k < dict.n; k += 2) {
       if (named(dict.p[k], name)) return &dict.p[k + 1];
@@ -739,20 +742,20 @@ class DirectReader {
   // A torch.Size or a plain sequence of non-negative ints: where its ints are, and how many.
   std::pair<std::uint64_t, std::uint32_t> dims(const Tok& t) const {
     if (t.tag != Tag::kSize && !seq(t)) decline();
-    for (std::size_t k = 0; k < t.n; ++k) {
+    for (std::size_t k = 0; k < t.count; ++k) {
       const Tok& v = item(t, k);
-      if (v.tag != Tag::kInt || static_cast<std::int64_t>(v.a) < 0) decline();
+      if (v.tag != Tag::kInt || static_cast<std::int64_t>(v.at) < 0) decline();
     }
-    return {t.a, t.n};
+    return {t.at, t.count};
   }
   Dims dims_value(std::uint64_t at, std::uint32_t n) const {
     Dims d;
-    for (std::uint32_t k = 0; k < n; ++k) d.push_back(static_cast<std::int64_t>(arena_[at + k].a));
+    for (std::uint32_t k = 0; k < n; ++k) d.push_back(static_cast<std::int64_t>(arena_[at + k].at));
     return d;
   }
   std::int64_t nonneg(const Tok& t) const {
-    if (t.tag != Tag::kInt || static_cast<std::int64_t>(t.a) < 0) decline();
-    return static_cast<std::int64_t>(t.a);
+    if (t.tag != Tag::kInt || static_cast<std::int64_t>(t.at) < 0) decline();
+    return static_cast<std::int64_t>(t.at);
   }
 
   // storage_data's two classes, from their state's pairs (build() gives a dict's run in the arena;
@@ -762,13 +765,13 @@ class DirectReader {
     if (fqn.tag != Tag::kStr) decline();
     Tok r;
     r.tag = Tag::kIndex;
-    r.a = fqn.a;
-    r.n = fqn.n;
-    r.x = kNoOffsets;
+    r.at = fqn.at;
+    r.count = fqn.count;
+    r.flag = kNoOffsets;
     if (const Tok* off = field(state, names_.offset); off && off->tag != Tag::kNone) {
       const auto [at, rank] = dims(*off);
-      r.b = at;
-      r.x = rank;
+      r.aux = at;
+      r.flag = rank;
       r.end = rank ? static_cast<std::uint32_t>(at + rank) : 0;
     }
     return r;
@@ -783,20 +786,20 @@ class DirectReader {
     r.tag = Tag::kInfo;
     // Its file is looked up now: _StorageInfo objects are built in the order of their pairs,
     // so files are numbered as the tree reader numbers them (root() checks they were all taken).
-    r.n = b_.file_index(view(path), 0);
-    r.a = off;
-    r.b = len;
+    r.count = b_.file_index(view(path), 0);
+    r.at = off;
+    r.aux = len;
     ++infos_;
     if (const Tok* td = field(state, names_.transform_descriptors); td && td->tag != Tag::kNone) {
       if (!seq(*td)) decline();
       std::vector<std::string> list;
-      for (std::size_t k = 0; k < td->n; ++k) {
+      for (std::size_t k = 0; k < td->count; ++k) {
         if (item(*td, k).tag != Tag::kStr) decline();
         list.emplace_back(view(item(*td, k)));
       }
       if (!list.empty()) {
         if (transforms_.empty() || transforms_.back() != list) transforms_.push_back(std::move(list));
-        r.x = static_cast<std::uint32_t>(transforms_.size());
+        r.flag = static_cast<std::uint32_t>(transforms_.size());
       }
     }
     return r;
@@ -805,7 +808,7 @@ class DirectReader {
   void build() {
     Tok state = pop();
     Tok& o = top();
-    if (o.tag != Tag::kObject || o.b != 0) decline();
+    if (o.tag != Tag::kObject || o.aux != 0) decline();
     const std::uint16_t depth = deeper(o.depth, state);
     Tok r;
     r.depth = depth;
@@ -817,9 +820,9 @@ class DirectReader {
         if (rank != rank2) decline();
         ++stats_.chunks_by_opcode;
         r.tag = Tag::kChunk;
-        r.a = off;
-        r.b = sz;
-        r.n = rank;
+        r.at = off;
+        r.aux = sz;
+        r.count = rank;
         r.end = rank ? static_cast<std::uint32_t>(std::max(off, sz) + rank) : 0;
         break;
       }
@@ -831,21 +834,21 @@ class DirectReader {
         const Tok& chunks = need_field(state, names_.chunks);
         if (!seq(chunks)) decline();
         TensorEntry t;
-        t.dtype = static_cast<DType>(props.a);
-        t.requires_grad = props.b != 0;
+        t.dtype = static_cast<DType>(props.at);
+        t.requires_grad = props.aux != 0;
         t.shape = dims_value(shape_at, rank);
-        t.chunks.reserve(chunks.n);
-        for (std::size_t k = 0; k < chunks.n; ++k) {
+        t.chunks.reserve(chunks.count);
+        for (std::size_t k = 0; k < chunks.count; ++k) {
           const Tok& ch = item(chunks, k);
           if (ch.tag != Tag::kChunk) decline();
           Chunk chunk;
-          chunk.offsets = dims_value(ch.a, ch.n);
-          chunk.sizes = dims_value(ch.b, ch.n);
+          chunk.offsets = dims_value(ch.at, ch.count);
+          chunk.sizes = dims_value(ch.aux, ch.count);
           if (!chunk_problem(std::string(), t.shape, chunk).empty()) decline();
           t.chunks.push_back(std::move(chunk));
         }
         r.tag = Tag::kTensor;
-        r.a = tensors_.size();
+        r.at = tensors_.size();
         tensors_.push_back(std::move(t));
         ++tensors_live_;
         break;
@@ -853,7 +856,7 @@ class DirectReader {
       case GlobalKind::kDcpTensorProperties: {
         const Tok* dtype = nullptr;
         const Tok* rg = nullptr;
-        if (seq(state) && state.n >= 3) {  // __getstate__: (dtype, layout, requires_grad, ...)
+        if (seq(state) && state.count >= 3) {  // __getstate__: (dtype, layout, requires_grad, ...)
           dtype = &item(state, 0);
           rg = &item(state, 2);
         } else {
@@ -865,8 +868,8 @@ class DirectReader {
         const auto d = dtype_from_torch_name(global_of(*dtype).name);
         if (!d) decline();
         r.tag = Tag::kProps;
-        r.a = static_cast<std::uint64_t>(*d);
-        r.b = rg && rg->tag == Tag::kBool ? rg->a : 0;
+        r.at = static_cast<std::uint64_t>(*d);
+        r.aux = rg && rg->tag == Tag::kBool ? rg->at : 0;
         break;
       }
       case GlobalKind::kDcpMetadataIndex:
@@ -881,7 +884,7 @@ class DirectReader {
         break;
       case GlobalKind::kDcpBytesStorageMetadata:
         // Its state is not read (it has no fields); it stays an object, now built.
-        o.b = 1;
+        o.aux = 1;
         o.depth = depth;
         retop();
         return collect();
@@ -1003,9 +1006,9 @@ class DirectReader {
     arena_.append_ints(v[1], k);
     Tok& r = emplace(Tag::kChunk);
     r.depth = 5;  // the object (1) built with a dict (4) of str keys and Sizes (3): as build() counts it
-    r.a = a0;
-    r.b = a0 + k;
-    r.n = k;
+    r.at = a0;
+    r.aux = a0 + k;
+    r.count = k;
     r.end = arena_end();
     retop();
     ++stats_.chunks_at_a_glance;
@@ -1063,7 +1066,7 @@ class DirectReader {
           memo += 3;
           size_value = n;
           t.tag = Tag::kSize;
-          t.n = rank;
+          t.count = rank;
           t.depth = 3;  // as reduce() counts a Size of a tuple of ints
           break;
         }
@@ -1072,8 +1075,8 @@ class DirectReader {
           const std::size_t len = p0_[i + 1];
           if (len > n_ - i - 2 || !pickle::valid_utf8({reinterpret_cast<const char*>(p0_ + i + 2), len})) return 0;
           t.tag = Tag::kStr;
-          t.a = i + 2;
-          t.n = static_cast<std::uint32_t>(len);
+          t.at = i + 2;
+          t.count = static_cast<std::uint32_t>(len);
           i += 2 + len;
           if (i < n_ && p0_[i] == op::kMemoize) {
             ++i;
@@ -1085,19 +1088,19 @@ class DirectReader {
         case op::kBinInt1:
           if (n_ - i < 2) return 0;
           t.tag = Tag::kInt;
-          t.a = p0_[i + 1];
+          t.at = p0_[i + 1];
           i += 2;
           break;
         case op::kBinInt2:
           if (n_ - i < 3) return 0;
           t.tag = Tag::kInt;
-          t.a = operand<2>(i + 1);
+          t.at = operand<2>(i + 1);
           i += 3;
           break;
         case op::kBinInt:
           if (n_ - i < 5) return 0;
           t.tag = Tag::kInt;
-          t.a = static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(operand<4>(i + 1))));
+          t.at = static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(operand<4>(i + 1))));
           i += 5;
           break;
         case op::kLong1: {
@@ -1105,7 +1108,7 @@ class DirectReader {
           const pickle::Int v = pickle::decode_long(std::span(reinterpret_cast<const std::byte*>(p0_ + i + 2), p0_[i + 1]));
           if (!v.fits_int64()) return 0;
           t.tag = Tag::kInt;
-          t.a = static_cast<std::uint64_t>(v.value);
+          t.at = static_cast<std::uint64_t>(v.value);
           i += 2 + p0_[i + 1];
           break;
         }
@@ -1124,19 +1127,19 @@ class DirectReader {
     // on the stack, the Size's ints in the arena and the dict's items after them.
     for (std::size_t k = 0; k < n_kept; ++k) {  // as keep() and guess_keep() mark and keep a str
       Tok& t = values[kept[k].value];
-      t.x = 1;
+      t.flag = 1;
       if (guess_) {
-        t.b = guess_slot(kept[k].index);
+        t.aux = guess_slot(kept[k].index);
         memo_.push_back(t);
       } else {
-        t.b = memo_slot(kept[k].index);
-        memo_[t.b] = t;
+        t.aux = memo_slot(kept[k].index);
+        memo_[t.aux] = t;
       }
     }
     memo_count_ = memo;
     if (size_value != kMaxValues) {
       Tok& size = values[size_value];
-      size.a = arena_end();
+      size.at = arena_end();
       arena_.append_ints(ints, rank);
       size.end = arena_end();
     }
@@ -1169,30 +1172,30 @@ class DirectReader {
     const bool entries = k0.tag == Tag::kStr && (stack_[from + 1].tag == Tag::kTensor || stack_[from + 1].tag == Tag::kObject);
     const bool storage = k0.tag == Tag::kIndex;
     if (!entries && !storage) {
-      if (d.x == kPaths) return take_paths(from);
-      if (d.x != kKept) decline();
+      if (d.flag == kPaths) return take_paths(from);
+      if (d.flag != kKept) decline();
       extend(from);
       // A big dict of key paths (planner_data: one per entry) is made into its trees as it comes,
       // instead of being moved to the arena's end whole at each batch.
-      if (d.n >= 2 * kBatch && path_like(d.a, d.n)) {
+      if (d.count >= 2 * kBatch && path_like(d.at, d.count)) {
         if (paths_dict_ != 0) decline();
-        paths_dict_ = d.b;
-        d.x = kPaths;
-        for (std::size_t k = 0; k < d.n; k += 2) set_path(paths_, item(d, k), item(d, k + 1));
-        d.n = 0;
+        paths_dict_ = d.aux;
+        d.flag = kPaths;
+        for (std::size_t k = 0; k < d.count; k += 2) set_path(paths_, item(d, k), item(d, k + 1));
+        d.count = 0;
         d.end = 0;
         retop();
         collect();
       }
       return;
     }
-    if (d.n != 0) decline();
+    if (d.count != 0) decline();
     std::uint64_t& owner = entries ? sdm_dict_ : storage_dict_;
     const std::uint32_t use = entries ? kEntries : kStorage;
-    if (d.x == kKept) d.x = use;
-    if (d.x != use) decline();
-    if (owner == 0) owner = d.b;
-    if (owner != d.b) decline();
+    if (d.flag == kKept) d.flag = use;
+    if (d.flag != use) decline();
+    if (owner == 0) owner = d.aux;
+    if (owner != d.aux) decline();
     // To the builder, a batch at a time (NOTE [The builder beside the reader]).
     BuilderFeed::Batch batch = feed_.take();
     for (std::size_t k = from; k < stack_.size(); k += 2) {
@@ -1201,7 +1204,7 @@ class DirectReader {
       if (entries) {
         if (key.tag != Tag::kStr) decline();
         if (value.tag == Tag::kTensor) {
-          BuilderFeed::Entry& e = batch.entries.emplace_back(BuilderFeed::Entry{std::move(tensors_[value.a])});
+          BuilderFeed::Entry& e = batch.entries.emplace_back(BuilderFeed::Entry{std::move(tensors_[value.at])});
           e.t.name = view(key);
           --tensors_live_;
         } else if (value.tag == Tag::kObject && value.kind == GlobalKind::kDcpBytesStorageMetadata) {
@@ -1215,14 +1218,14 @@ class DirectReader {
         if (key.tag != Tag::kIndex || value.tag != Tag::kInfo) decline();
         BuilderFeed::Storage& st = batch.storage.emplace_back();
         st.fqn = view(key);
-        st.tensor = key.x != kNoOffsets;
-        if (st.tensor) st.offsets = dims_value(key.b, key.x);
+        st.tensor = key.flag != kNoOffsets;
+        if (st.tensor) st.offsets = dims_value(key.aux, key.flag);
         st.loc.encoding = ChunkEncoding::kItem;
-        st.loc.file = value.n;
-        st.loc.offset = value.a;
-        st.loc.length = value.b;
+        st.loc.file = value.count;
+        st.loc.offset = value.at;
+        st.loc.length = value.aux;
         --infos_;
-        if (value.x) st.loc.layout = b_.layout(transforms_[value.x - 1]);
+        if (value.flag) st.loc.layout = b_.layout(transforms_[value.flag - 1]);
       }
     }
     feed_.hand_over(std::move(batch));
@@ -1240,7 +1243,7 @@ class DirectReader {
   // A planner_data pair: a str key and a path of strs and ints.
   bool path_pair(const Tok& key, const Tok& value) const {
     if (key.tag != Tag::kStr || !seq(value)) return false;
-    for (std::size_t j = 0; j < value.n; ++j) {
+    for (std::size_t j = 0; j < value.count; ++j) {
       const Tag t = item(value, j).tag;
       if (t != Tag::kStr && t != Tag::kInt) return false;
     }
@@ -1268,7 +1271,7 @@ class DirectReader {
     feed_.drain();  // the builder's Checkpoint members are the reader's again
     check_fields(state);
     static constexpr std::string_view kKnown[] = {"state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"};
-    for (std::size_t k = 0; k < state.n; k += 2) {
+    for (std::size_t k = 0; k < state.count; k += 2) {
       const std::string_view name = view(item(state, k));
       if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) {
         c_.notes.push_back("Metadata has extra attribute '" + std::string(name) + "'");
@@ -1282,18 +1285,18 @@ class DirectReader {
     // Both read whole, each from the dict its pairs came from (an empty dict gave none).
     // A dict whose pairs went elsewhere (paths_, the other builder call) is not whole.
     auto whole = [](const Tok& d, std::uint64_t owner, std::uint32_t kind) {
-      return d.tag == Tag::kDict && d.n == 0 && ((owner == 0 && d.x == kKept) || (owner == d.b && d.x == kind));
+      return d.tag == Tag::kDict && d.count == 0 && ((owner == 0 && d.flag == kKept) || (owner == d.aux && d.flag == kind));
     };
     if (!whole(sdm, sdm_dict_, kEntries) || !whole(sd, storage_dict_, kStorage)) decline();
     if (infos_ != 0) decline();  // a _StorageInfo outside storage_data numbered a file
     b_.finish();
     if (const Tok* pd = field(state, names_.planner_data); pd && pd->tag != Tag::kNone) {
       if (pd->tag != Tag::kDict) decline();
-      if (pd->x == kPaths) {
-        if (pd->b != paths_dict_) decline();
+      if (pd->flag == kPaths) {
+        if (pd->aux != paths_dict_) decline();
         c_.planner_data = std::move(paths_);  // the last pair of a key counts, as in the tree reader
       }
-      for (std::size_t k = 0; k < pd->n; k += 2) {
+      for (std::size_t k = 0; k < pd->count; k += 2) {
         const Tok& key = item(*pd, k);
         if (key.tag == Tag::kStr) set_path(c_.planner_data, key, item(*pd, k + 1));
       }
@@ -1307,22 +1310,22 @@ class DirectReader {
   // as its tree.
   void set_path(KeyPaths& paths, const Tok& key, const Tok& value) {
     const std::string_view fqn = view(key);
-    if (value.tag == Tag::kTuple && value.n >= 1 && value.n <= 16) {
+    if (value.tag == Tag::kTuple && value.count >= 1 && value.count <= 16) {
       KeyPaths::Key keys[16];
       char numbers[16][24];  // the int keys' texts
       bool ok = true;
-      for (std::size_t j = 0; ok && j < value.n; ++j) {
+      for (std::size_t j = 0; ok && j < value.count; ++j) {
         const Tok& k = item(value, j);
         if (k.tag == Tag::kStr) {
           keys[j] = {view(k), false};
         } else if (k.tag == Tag::kInt) {
-          const auto r = std::to_chars(numbers[j], numbers[j] + sizeof numbers[j], static_cast<std::int64_t>(k.a));
+          const auto r = std::to_chars(numbers[j], numbers[j] + sizeof numbers[j], static_cast<std::int64_t>(k.at));
           keys[j] = {std::string_view(numbers[j], static_cast<std::size_t>(r.ptr - numbers[j])), true};
         } else {
           ok = false;
         }
       }
-      if (ok && paths.set_spelled(fqn, std::span<const KeyPaths::Key>(keys, value.n))) return;
+      if (ok && paths.set_spelled(fqn, std::span<const KeyPaths::Key>(keys, value.count))) return;
     }
     paths.set(fqn, tree(value, 0));
   }
@@ -1332,12 +1335,12 @@ class DirectReader {
     if (depth > 64) decline();
     switch (t.tag) {
       case Tag::kNone: return pickle::make_none();
-      case Tag::kBool: return pickle::make_bool(t.a != 0);
-      case Tag::kInt: return pickle::make_int(static_cast<std::int64_t>(t.a));
+      case Tag::kBool: return pickle::make_bool(t.at != 0);
+      case Tag::kInt: return pickle::make_int(static_cast<std::int64_t>(t.at));
       case Tag::kStr: {
-        if (t.x == 0) return pickle::make_str(std::string(view(t)));
-        if (t.b >= shared_strs_.size()) shared_strs_.resize(memo_.size());  // memo_ grows while guessing
-        pickle::ValuePtr& v = shared_strs_[t.b];
+        if (t.flag == 0) return pickle::make_str(std::string(view(t)));
+        if (t.aux >= shared_strs_.size()) shared_strs_.resize(memo_.size());  // memo_ grows while guessing
+        pickle::ValuePtr& v = shared_strs_[t.aux];
         if (!v) v = pickle::make_str(std::string(view(t)));
         return v;
       }
@@ -1345,13 +1348,13 @@ class DirectReader {
       case Tag::kList: {
         pickle::ValuePtr* cached = nullptr;
         // Only a GET shares a tuple, and the memo pins what it holds: its place is its own for good.
-        if (t.tag == Tag::kTuple && t.n != 0 && t.end <= pinned_) {
-          cached = &shared_tuples_[t.a];
+        if (t.tag == Tag::kTuple && t.count != 0 && t.end <= pinned_) {
+          cached = &shared_tuples_[t.at];
           if (*cached) return *cached;
         }
         std::vector<pickle::ValuePtr> items;
-        items.reserve(t.n);
-        for (std::size_t k = 0; k < t.n; ++k) items.push_back(tree(item(t, k), depth + 1));
+        items.reserve(t.count);
+        for (std::size_t k = 0; k < t.count; ++k) items.push_back(tree(item(t, k), depth + 1));
         pickle::ValuePtr v = t.tag == Tag::kTuple ? pickle::make_tuple(std::move(items)) : pickle::make_list(std::move(items));
         if (cached) *cached = v;
         return v;
@@ -1400,7 +1403,7 @@ class DirectReader {
     if (str) {
       push_str(i, len);  // SHORT_BINSTRING bytes that are not UTF-8 become latin-1 text in the tree reader: declined
     } else {
-      emplace(Tag::kBytes).a = i;
+      emplace(Tag::kBytes).at = i;
     }
     return i + static_cast<std::size_t>(len);
   }
@@ -1412,7 +1415,7 @@ class DirectReader {
     need(i, len);
     const pickle::Int v = pickle::decode_long(std::span(reinterpret_cast<const std::byte*>(p0_ + i), len));
     if (!v.fits_int64()) decline();
-    emplace(Tag::kInt).a = static_cast<std::uint64_t>(v.value);
+    emplace(Tag::kInt).at = static_cast<std::uint64_t>(v.value);
     return i + static_cast<std::size_t>(len);
   }
   std::size_t tuple_of(std::size_t k, std::size_t i) {
@@ -1441,7 +1444,7 @@ class DirectReader {
         return i;
       }
       case kEmptyListOp: emplace(Tag::kList); return i;
-      case kEmptyDictOp: emplace(Tag::kDict).b = ++dicts_; return i;
+      case kEmptyDictOp: emplace(Tag::kDict).aux = ++dicts_; return i;
       case kAppendOp:
         if (stack_.size() < fence() + 2 || stack_[stack_.size() - 2].tag != Tag::kList) decline();
         extend(stack_.size() - 1);
@@ -1460,16 +1463,16 @@ class DirectReader {
         return i;
       case kSetItemsOp: set_items(pop_mark()); return i;
       case kNoneOp: emplace(Tag::kNone); return i;
-      case kTrueOp: emplace(Tag::kBool).a = 1; return i;
-      case kFalseOp: emplace(Tag::kBool).a = 0; return i;
-      case kInt1Op: emplace(Tag::kInt).a = operand<1>(i); return i + 1;
-      case kInt2Op: emplace(Tag::kInt).a = operand<2>(i); return i + 2;
+      case kTrueOp: emplace(Tag::kBool).at = 1; return i;
+      case kFalseOp: emplace(Tag::kBool).at = 0; return i;
+      case kInt1Op: emplace(Tag::kInt).at = operand<1>(i); return i + 1;
+      case kInt2Op: emplace(Tag::kInt).at = operand<2>(i); return i + 2;
       case kInt4Op:
-        emplace(Tag::kInt).a = static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(operand<4>(i))));
+        emplace(Tag::kInt).at = static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(operand<4>(i))));
         return i + 4;
       case kLong1Op: return long_int<1>(i);
       case kLong4Op: return long_int<4>(i);
-      case kFloatOp: emplace(Tag::kFloat).a = operand<8>(i); return i + 8;
+      case kFloatOp: emplace(Tag::kFloat).at = operand<8>(i); return i + 8;
       case kStr1Op: return text<1>(i, true);
       case kStr4Op: return text<4>(i, true);
       case kStr8Op: return text<8>(i, true);
