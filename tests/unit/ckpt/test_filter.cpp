@@ -9,7 +9,7 @@ using ckpt::EntryRenames;
 using ckpt::ErrorKind;
 using fsdp_test::IsCkptError;
 
-TEST_CASE("--rename works as sed's s command, after --strip-prefix", "[ckpt][filter]") {
+TEST_CASE("entry renames: --rename works as sed's s command, after --strip-prefix", "[ckpt][filter]") {
   SECTION("the prefix, then each rule in order") {
     const EntryRenames r("_orig_mod.", {"s/^transformer\\./model./", "s/\\.h\\.([0-9]+)\\./.layers.\\1./"});
     CHECK(r.apply("_orig_mod.transformer.h.3.attn.weight") == "model.layers.3.attn.weight");
