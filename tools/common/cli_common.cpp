@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/cli_common.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <optional>
+#include <vector>
 
 #include "ckpt/error.hpp"
 #include "ckpt/test_hooks.hpp"
@@ -22,6 +26,70 @@ void setup_app(CLI::App& app, std::string_view program, std::string_view descrip
   app.get_formatter()->column_width(34);
 }
 
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// What `typed` most likely meant among `names`: the nearest within two edits, if any.
+std::optional<std::string> nearest(std::string_view typed, const std::vector<std::string>& names) {
+  std::optional<std::string> best;
+  std::size_t best_distance = 3;
+  for (const std::string& n : names) {
+    const std::size_t d = edit_distance(typed, n);
+    if (d < best_distance) {
+      best_distance = d;
+      best = n;
+    }
+  }
+  return best;
+}
+
+// The long options of `app` and its subcommands ("--dtype"), and its subcommands' names.
+void names_of(const CLI::App& app, std::vector<std::string>& options, std::vector<std::string>& subcommands) {
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& n : o->get_lnames()) options.push_back("--" + n);
+  }
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    subcommands.push_back(sub->get_name());
+    names_of(*sub, options, subcommands);
+  }
+}
+
+// A suggestion for a mistyped option or subcommand among the arguments, or empty.
+std::string suggestion(const CLI::App& app, int argc, const char* const* argv) {
+  std::vector<std::string> options, subcommands;
+  names_of(app, options, subcommands);
+  std::error_code ec;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--") break;
+    if (a.starts_with("--")) {
+      a = a.substr(0, a.find('='));
+      if (std::find(options.begin(), options.end(), a) != options.end()) continue;
+      if (auto n = nearest(a, options)) return std::string(a) + " is not an option; did you mean " + *n + "?";
+    } else if (i == 1 && !subcommands.empty() && std::find(subcommands.begin(), subcommands.end(), a) == subcommands.end() &&
+               !std::filesystem::exists(std::filesystem::path(a), ec)) {  // a path is not a mistyped subcommand
+      if (auto n = nearest(a, subcommands)) return "'" + std::string(a) + "' is not a subcommand; did you mean " + *n + "?";
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 std::optional<int> parse(CLI::App& app, int argc, const char* const* argv) {
   try {
     app.parse(argc, argv);
@@ -32,7 +100,11 @@ std::optional<int> parse(CLI::App& app, int argc, const char* const* argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    // As every other error: "TOOL: error: ...", with what was most likely meant when an option
+    // or a subcommand was mistyped.
+    const std::string hint = suggestion(app, argc, argv);
+    std::cerr << app.get_name() << ": error: " << (hint.empty() ? std::string(e.what()) : hint)
+              << "\nRun with --help for more information.\n";
     return 2;
   }
   return std::nullopt;
