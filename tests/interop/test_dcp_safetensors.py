@@ -59,6 +59,12 @@ def test_read_and_merge():
         info = json.loads(run(a.inspect, "--json", path).stdout)
         assert info["format"] == "dcp-safetensors" and "HuggingFaceStorageWriter (sharded)" in info["writer"], info["format"]
         run(a.inspect, "verify", "--deep", path)
+        if world == 3:  # a file that leads outside the directory is not read
+            outside = os.path.join(work, "outside.safetensors")
+            shutil.copyfile(os.path.join(path, "shard-00001-model-00001-of-00001.safetensors"), outside)
+            os.symlink(outside, os.path.join(path, "shard-00009-model-00001-of-00001.safetensors"))
+            assert len(json.loads(run(a.inspect, "--json", path).stdout)["files"]) == 3
+            os.remove(os.path.join(path, "shard-00009-model-00001-of-00001.safetensors"))
         merged = os.path.join(work, f"hf_{world}.pt")
         run(a.merge, path, "-o", merged, "-q")
         got = torch.load(merged)

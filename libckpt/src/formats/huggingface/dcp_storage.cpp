@@ -27,7 +27,9 @@ std::vector<std::filesystem::path> storage_files(const std::filesystem::path& di
   std::vector<std::filesystem::path> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (std::regex_match(e.path().filename().string(), kName) && e.is_regular_file(ec)) out.push_back(e.path());
+    if (std::regex_match(e.path().filename().string(), kName) && e.is_regular_file(ec) && resolves_inside(dir, e.path())) {
+      out.push_back(e.path());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
