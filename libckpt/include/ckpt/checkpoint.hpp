@@ -34,6 +34,9 @@ struct CheckpointFile {
   std::string relative;                ///< as the metadata names it ("__0_0.distcp")
   std::filesystem::path path;          ///< where it is
   std::optional<std::uint64_t> size;   ///< std::nullopt when the file is missing
+  /// The file's bytes where they are not read from `path` (an output kept in memory, read back);
+  /// null: opened at `path`.
+  SourcePtr source = nullptr;
 };
 
 /// How a chunk's bytes are stored at its location.

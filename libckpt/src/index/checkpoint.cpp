@@ -47,6 +47,7 @@ SourcePtr ChunkReader::file(std::size_t index) const {
   if (auto it = open_.find(index); it != open_.end()) return it->second;
   if (index >= checkpoint_.files.size()) internal_error("ChunkReader: file index out of range");
   const CheckpointFile& f = checkpoint_.files[index];
+  if (f.source) return open_.emplace(index, f.source).first->second;
   if (!f.size) throw Error(ErrorKind::kIo, f.path.string(), std::nullopt, "file is missing (the metadata names it)");
   SourcePtr s = access_ == FileAccess::kMap ? open_mmap(f.path) : open_file(f.path);
   open_.emplace(index, s);

@@ -16,6 +16,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
+#include "ckpt/output.hpp"
 #include "ckpt/test_hooks.hpp"
 
 namespace ckpt {
@@ -154,13 +155,6 @@ void replace_output(const std::filesystem::path& built, const std::filesystem::p
 
 namespace detail {
 
-void prepare_output(const std::filesystem::path& output, OutputKind kind, Overwrite overwrite, Progress* progress) {
-  check_output(output, kind, overwrite);
-  for (const std::filesystem::path& p : remove_stale_temps(output)) {
-    if (progress) progress->note("removed " + p.string() + ", left by an earlier run that did not finish");
-  }
-}
-
 void refuse_output_over_input(const std::filesystem::path& input, const std::filesystem::path& output) {
   std::error_code ec;
   const std::filesystem::path in = std::filesystem::weakly_canonical(input, ec);
@@ -171,18 +165,6 @@ void refuse_output_over_input(const std::filesystem::path& input, const std::fil
     throw Error(ErrorKind::kInvalidArgument, output.string(), std::nullopt,
                 in == out ? "output is the input checkpoint" : "output is a directory that holds the input checkpoint");
   }
-}
-
-std::filesystem::path fresh_dir(const std::filesystem::path& output, const std::string& suffix) {
-  remove_stale_temps(output);
-  std::filesystem::path t = output;
-  t += suffix;
-  std::error_code ec;
-  std::filesystem::remove_all(t, ec);
-  if (!std::filesystem::create_directories(t, ec) && ec) {
-    throw Error(ErrorKind::kIo, t.string(), std::nullopt, "cannot create the output directory: " + ec.message());
-  }
-  return t;
 }
 
 void sync_dir(const std::filesystem::path& dir) {
@@ -228,4 +210,94 @@ void move_into_place(const std::filesystem::path& built, const std::filesystem::
 }
 
 }  // namespace detail
+}  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// Before writing: check_output, then removes what dead runs left beside `output`, noting each on
+// `progress` (which may be null).
+void prepare_output(const std::filesystem::path& output, OutputKind kind, Overwrite overwrite, Progress* progress) {
+  check_output(output, kind, overwrite);
+  for (const std::filesystem::path& p : remove_stale_temps(output)) {
+    if (progress) progress->note("removed " + p.string() + ", left by an earlier run that did not finish");
+  }
+}
+
+// `output` + `suffix`, emptied and created, after removing what dead runs left beside `output`.
+std::filesystem::path fresh_dir(const std::filesystem::path& output, const std::string& suffix) {
+  remove_stale_temps(output);
+  std::filesystem::path t = output;
+  t += suffix;
+  std::error_code ec;
+  std::filesystem::remove_all(t, ec);
+  if (!std::filesystem::create_directories(t, ec) && ec) {
+    throw Error(ErrorKind::kIo, t.string(), std::nullopt, "cannot create the output directory: " + ec.message());
+  }
+  return t;
+}
+
+class DirectoryFiles final : public OutputFiles {
+ public:
+  explicit DirectoryFiles(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  std::unique_ptr<PositionalSink> positional(const std::string& name) override { return open_positional_sink(dir_ / name, Overwrite::kYes); }
+  std::unique_ptr<ByteSink> sequential(const std::string& name, const std::string& temp) override {
+    return open_file_sink(dir_ / name, Overwrite::kYes, temp.empty() ? std::filesystem::path() : dir_ / temp);
+  }
+  std::uint64_t size_of(const std::string& name) const override {
+    std::error_code ec;
+    const std::uintmax_t size = std::filesystem::file_size(dir_ / name, ec);
+    if (ec) throw Error(ErrorKind::kIo, (dir_ / name).string(), std::nullopt, "cannot read the size of the file written: " + ec.message());
+    return size;
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// The file system's output (NOTE [Atomic outputs]): one file through its sink's temporary name; a
+// directory built at `<output>.tmp.<pid>` (which a later run removes if this one dies) and moved
+// into place whole.
+class FileOutput final : public Output {
+ public:
+  FileOutput(std::filesystem::path path, Overwrite overwrite) : path_(std::move(path)), overwrite_(overwrite) {}
+  ~FileOutput() override {
+    if (!building_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(building_, ec);
+    }
+  }
+  const std::filesystem::path& path() const noexcept override { return path_; }
+  bool in_file_system() const noexcept override { return true; }
+  void check(OutputKind kind) const override { check_output(path_, kind, overwrite_); }
+  void prepare(OutputKind kind, Progress* progress) override { prepare_output(path_, kind, overwrite_, progress); }
+  std::unique_ptr<PositionalSink> file() override { return open_positional_sink(path_, overwrite_); }
+  OutputFiles& directory() override {
+    if (!files_) {
+      building_ = fresh_dir(path_, ".tmp." + std::to_string(::getpid()));
+      files_ = std::make_unique<DirectoryFiles>(building_);
+    }
+    return *files_;
+  }
+  void commit_directory() override {
+    if (building_.empty()) internal_error("commit_directory before directory()");
+    detail::move_into_place(building_, path_);
+    building_.clear();
+  }
+
+ private:
+  std::filesystem::path path_;
+  Overwrite overwrite_;
+  std::filesystem::path building_;  // the directory being built; empty once committed
+  std::unique_ptr<DirectoryFiles> files_;
+};
+
+}  // namespace
+
+std::unique_ptr<Output> open_file_output(const std::filesystem::path& path, Overwrite overwrite) {
+  return std::make_unique<FileOutput>(path, overwrite);
+}
+
+std::unique_ptr<OutputFiles> directory_files(const std::filesystem::path& dir) { return std::make_unique<DirectoryFiles>(dir); }
+
 }  // namespace ckpt

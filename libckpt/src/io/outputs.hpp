@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Output paths: what may be replaced (check_output in ckpt/io.hpp), what dead runs left beside an
-// output, and how a finished output takes its name.
+// output, and how a finished output takes its name; the file system's Output (ckpt/output.hpp).
 //
 // NOTE [Atomic outputs] for directories (merge's Hugging Face shards, shard's DCP directory): built
 // under a temporary name beside the output, then renamed into place; a replaced output is exchanged
@@ -13,20 +13,11 @@
 #include <string>
 
 #include "ckpt/io.hpp"
-#include "ckpt/progress.hpp"
 
 namespace ckpt::detail {
 
-/// Before writing: check_output, then removes what dead runs left beside `output`
-/// (remove_stale_temps), noting each on `progress` (which may be null).
-void prepare_output(const std::filesystem::path& output, OutputKind kind, Overwrite overwrite, Progress* progress);
-
 /// Throws kInvalidArgument when `output` is `input` or a directory that holds it.
 void refuse_output_over_input(const std::filesystem::path& input, const std::filesystem::path& output);
-
-/// `output` + `suffix`, emptied and created, after removing what dead runs left beside `output`.
-/// Throws kIo.
-std::filesystem::path fresh_dir(const std::filesystem::path& output, const std::string& suffix);
 
 /// Renames `built` (a file or a directory) to `output`; an existing `output` is exchanged with it
 /// atomically and then removed (where the file system cannot exchange, moved aside first). The

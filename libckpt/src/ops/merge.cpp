@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ckpt/ops/merge.hpp"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -192,18 +191,20 @@ void set_element(Node& root, const Leaf& leaf, const std::vector<Key>& path, std
 
 class Merger {
  public:
-  Merger(const Checkpoint& c, const std::filesystem::path& output, const MergeOptions& o)
-      : c_(c), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
+  Merger(const Checkpoint& c, Output& out, const MergeOptions& o) : c_(c), out_(out), output_(out.path()), o_(o), reader_(c, FileAccess::kRead) {}
 
   MergeResult run(bool dry_run) {
-    detail::refuse_output_over_input(c_.root, output_);
+    if (out_.in_file_system()) detail::refuse_output_over_input(c_.root, output_);
     require_valid_index(c_);
     if (o_.format == MergeFormat::kHdf5 && !hdf5_available()) {
       throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "HDF5 is not available: " + hdf5_unavailable_reason());
     }
+    if (o_.format == MergeFormat::kHdf5 && !out_.in_file_system()) {
+      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "HDF5 is written to a file only (libhdf5 lays the file out by its name)");
+    }
     if (!dry_run) {
       const bool shards = o_.format == MergeFormat::kSafetensors && o_.max_shard_size;
-      detail::prepare_output(output_, shards ? OutputKind::kSafetensorsDirectory : OutputKind::kFile, o_.overwrite, o_.progress);
+      out_.prepare(shards ? OutputKind::kSafetensorsDirectory : OutputKind::kFile, o_.progress);
     }
     collect();
     check_selection();
@@ -597,7 +598,7 @@ class Merger {
 
   MergeResult torch(bool dry_run) {
     std::unique_ptr<PositionalSink> sink;
-    if (!dry_run) sink = open_positional_sink(output_, o_.overwrite);
+    if (!dry_run) sink = out_.file();
     const detail::ArchivePlan plan = torch_plan(sink.get());
     const TorchSaveRecords& records = plan.records();
     std::uint64_t data_bytes = 0;
@@ -710,32 +711,25 @@ class Merger {
     note_left_out("safetensors");
     if (dry_run) return result;
 
-    std::error_code ec;
-    const std::filesystem::path into = dir ? detail::fresh_dir(output_, ".tmp." + std::to_string(::getpid())) : output_.parent_path();
-    try {
-      for (const Planned& p : files) {
-        auto sink = open_positional_sink(dir ? into / p.name : output_, dir ? Overwrite::kNo : o_.overwrite);
-        sink->resize(p.layout.size);
-        std::uint64_t at = 0;
-        p.layout.write_head([&](std::span<const std::byte> b) {
-          sink->write_at(at, b);
-          at += b.size();
-        });
-        run_copy(*sink, whole_tensors(p.leaves, p.layout.begins), p.layout.size - p.layout.head_size, 0,  // no CRCs
-                 {o_.threads, o_.progress, o_.task_delay_ms});
-        before_commit();
-        sink->commit();
-      }
-      if (!index.empty()) {
-        auto sink = open_file_sink(into / kSafetensorsIndexName, Overwrite::kNo);
-        sink->write(index.data(), index.size());
-        sink->commit();
-      }
-      if (dir) detail::move_into_place(into, output_);
-    } catch (...) {
-      if (dir) std::filesystem::remove_all(into, ec);
-      throw;
+    for (const Planned& p : files) {
+      auto sink = dir ? out_.directory().positional(p.name) : out_.file();
+      sink->resize(p.layout.size);
+      std::uint64_t at = 0;
+      p.layout.write_head([&](std::span<const std::byte> b) {
+        sink->write_at(at, b);
+        at += b.size();
+      });
+      run_copy(*sink, whole_tensors(p.leaves, p.layout.begins), p.layout.size - p.layout.head_size, 0,  // no CRCs
+               {o_.threads, o_.progress, o_.task_delay_ms});
+      before_commit();
+      sink->commit();
     }
+    if (!index.empty()) {
+      auto sink = out_.directory().sequential(kSafetensorsIndexName);
+      sink->write(index.data(), index.size());
+      sink->commit();
+    }
+    if (dir) out_.commit_directory();
     return result;
   }
 
@@ -762,7 +756,7 @@ class Merger {
     // The size is known once libhdf5 has laid the file out; a dry run reports the tensor bytes.
     result.files.push_back({output_, result.tensor_bytes, leaves.size()});
     if (dry_run) return result;
-    auto sink = open_positional_sink(output_, o_.overwrite);
+    auto sink = out_.file();
     const std::vector<std::uint64_t> offsets = create_hdf5_layout(
         sink->temp_path(), datasets,
         {{"writer", "fsdp-ckpt-merge"}, {"source", c_.root.filename().string()}, {"source_format", std::string(to_string(c_.format))}});
@@ -776,7 +770,8 @@ class Merger {
   }
 
   const Checkpoint& c_;
-  std::filesystem::path output_;
+  Output& out_;
+  std::filesystem::path output_;  ///< out_.path(), the name results and errors give
   const MergeOptions& o_;
   ChunkReader reader_;
   std::vector<Leaf> leaves_;
@@ -803,9 +798,14 @@ class Merger {
 
 }  // namespace
 
-MergeResult merge(const Checkpoint& input, const std::filesystem::path& output, const MergeOptions& options, bool dry_run) {
+MergeResult merge(const Checkpoint& input, Output& output, const MergeOptions& options, bool dry_run) {
   Merger m(input, output, options);
   return m.run(dry_run);
+}
+
+MergeResult merge(const Checkpoint& input, const std::filesystem::path& output, const MergeOptions& options, bool dry_run) {
+  const std::unique_ptr<Output> out = open_file_output(output, options.overwrite);
+  return merge(input, *out, options, dry_run);
 }
 
 }  // namespace ckpt

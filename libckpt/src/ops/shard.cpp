@@ -42,8 +42,8 @@ std::string join(const std::string& a, const std::string& b) { return a.empty() 
 class Sharder {
  public:
   // `spent`: the input, whose chunk lists may go once the data files are written, or nullptr.
-  Sharder(const Checkpoint& c, const std::filesystem::path& output, const ShardOptions& o, Checkpoint* spent = nullptr)
-      : c_(c), spent_(spent), output_(output), o_(o), reader_(c, FileAccess::kRead) {}
+  Sharder(const Checkpoint& c, Output& out, const ShardOptions& o, Checkpoint* spent = nullptr)
+      : c_(c), spent_(spent), out_(out), output_(out.path()), o_(o), reader_(c, FileAccess::kRead) {}
 
   ShardResult run(bool dry_run) {
     check_options();
@@ -69,9 +69,12 @@ class Sharder {
     if (hf() && (o_.process_count > 1 || o_.files_per_rank > 1 || o_.compression != DcpCompression::kNone)) {
       throw Error(ErrorKind::kInvalidArgument, "the Hugging Face storage format is written by one process, one file a rank, uncompressed");
     }
-    detail::refuse_output_over_input(c_.root, output_);
+    if (o_.process_count > 1 && !out_.in_file_system()) {
+      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt, "several processes share an output in the file system only");
+    }
+    if (out_.in_file_system()) detail::refuse_output_over_input(c_.root, output_);
     require_valid_index(c_);
-    check_output(output_, output_kind(), o_.overwrite);
+    out_.check(output_kind());
   }
 
   bool hf() const { return o_.format == ShardFormat::kHfSafetensors; }
@@ -493,20 +496,13 @@ class Sharder {
     for (const auto& [name, src] : carried_) o_.progress->note("left out " + name + ": the Hugging Face storage holds tensors only");
   }
 
-  // DCP's Hugging Face storage: every file in `<output>.partial`, renamed into place.
+  // DCP's Hugging Face storage: every file in the output's directory, put in place whole.
   void write_hf() {
-    detail::prepare_output(output_, OutputKind::kSafetensorsDirectory, o_.overwrite, o_.progress);
-    const std::filesystem::path dir = detail::fresh_dir(output_, ".partial");
-    try {
-      detail::write_hf_storage_files(dir, plan_, hf_files_, {o_.threads, o_.progress, o_.task_delay_ms});
-      if (o_.verify == Verify::kChecksums) crcs_.finish();
-      if (o_.dtype) ledger_.conclude(*o_.dtype, o_.cast_check, o_.progress, output_.string());
-      detail::move_into_place(dir, output_);
-    } catch (...) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-      throw;
-    }
+    out_.prepare(OutputKind::kSafetensorsDirectory, o_.progress);
+    detail::write_hf_storage_files(out_.directory(), plan_, hf_files_, {o_.threads, o_.progress, o_.task_delay_ms});
+    if (o_.verify == Verify::kChecksums) crcs_.finish();
+    if (o_.dtype) ledger_.conclude(*o_.dtype, o_.cast_check, o_.progress, output_.string());
+    out_.commit_directory();
   }
 
   bool mine(int rank) const { return rank % o_.process_count == o_.process_index; }
@@ -520,18 +516,21 @@ class Sharder {
       return;
     }
     const bool distributed = o_.process_count > 1;
-    std::filesystem::path dir = output_;
-    dir += ".partial";
-    // Several processes meet in `dir` (NOTE [Several processes, one DCP]); one builds it alone.
-    detail::DcpGroupCommit group(dir, o_.process_index, o_.process_count,
+    // Several processes meet in `<output>.partial` (NOTE [Several processes, one DCP]); one builds
+    // the output's directory alone.
+    std::filesystem::path shared = output_;
+    shared += ".partial";
+    detail::DcpGroupCommit group(shared, o_.process_index, o_.process_count,
                                  distributed ? detail::dcp_plan_fingerprint(plan_, c_.root.string(), o_.process_count) : std::string(),
                                  o_.timeout);
+    std::unique_ptr<OutputFiles> shared_files;
     if (distributed) {
       group.begin();
+      shared_files = directory_files(shared);
     } else {
-      detail::prepare_output(output_, OutputKind::kDcpDirectory, o_.overwrite, o_.progress);
-      dir = detail::fresh_dir(output_, ".partial");
+      out_.prepare(OutputKind::kDcpDirectory, o_.progress);
     }
+    OutputFiles& dir = distributed ? *shared_files : out_.directory();
     // This process's files: all of them (no copy) unless processes share the work.
     std::vector<detail::DcpFilePlan> some_files;
     for (const auto& f : files_) {
@@ -548,71 +547,62 @@ class Sharder {
       if (o_.verify == Verify::kChecksums) crcs_.finish();  // a damaged record fails like a copy
       if (o_.dtype) ledger_.conclude(*o_.dtype, o_.cast_check, o_.progress, output_.string());  // strict: fails like a copy
     } catch (const std::exception& e) {
-      std::error_code ec;
-      if (distributed) {
-        group.failed(e.what());
-      } else {
-        std::filesystem::remove_all(dir, ec);
-      }
+      if (distributed) group.failed(e.what());  // one process's directory goes with the output
       throw;
     }
     // Sizes as written (compressed files differ from the plan).
     for (ResultFile& f : result.files) {
-      std::error_code ec;
-      if (f.written_here && f.path.parent_path() == output_ && f.path.extension() == ".distcp") {
-        f.size = std::filesystem::file_size(dir / f.path.filename(), ec);
-      }
+      if (f.written_here && f.path.parent_path() == output_ && f.path.extension() == ".distcp") f.size = dir.size_of(f.path.filename().string());
     }
     if (o_.process_index != 0) {
       group.done(items);
       return;
     }
-    std::size_t nitems = 0;
-    try {
-      std::vector<detail::DcpItem> others = group.wait_for_others();
-      items.insert(items.end(), std::make_move_iterator(others.begin()), std::make_move_iterator(others.end()));
-      nitems = items.size();
-      if (from_plan) {
-        for (const auto& f : files_) nitems += f.items.size();
-      }
-      for (const auto& [name, src] : carried_) {
-        auto sink = open_file_sink(dir / name, Overwrite::kYes);
-        stream_range(*src, 0, src->size(), [&](std::span<const std::byte> b) { sink->write(b); });
-        sink->commit();
-      }
+    std::vector<detail::DcpItem> others = group.wait_for_others();
+    items.insert(items.end(), std::make_move_iterator(others.begin()), std::make_move_iterator(others.end()));
+    std::size_t nitems = items.size();
+    if (from_plan) {
+      for (const auto& f : files_) nitems += f.items.size();
+    }
+    for (const auto& [name, src] : carried_) {
+      auto sink = dir.sequential(name);
+      stream_range(*src, 0, src->size(), [&](std::span<const std::byte> b) { sink->write(b); });
+      sink->commit();
+    }
+    if (distributed) {
       // Only the planned files stay: markers and leftovers of an earlier run go.
       std::set<std::string> keep{".metadata"};
       for (const auto& f : files_) keep.insert(f.name);
       for (const auto& [name, src] : carried_) keep.insert(name);
-      for (const auto& d : std::filesystem::directory_iterator(dir)) {
+      for (const auto& d : std::filesystem::directory_iterator(shared)) {
         if (!keep.count(d.path().filename().string())) std::filesystem::remove_all(d.path());
       }
-      if (spent_) {
-        for (TensorEntry& t : spent_->tensors) std::vector<Chunk>().swap(t.chunks);  // copied: .metadata names the plan's
-      }
-      detail::give_back_freed_memory();  // the copy's records, the input's chunk lists
-      if (from_plan) {
-        detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpFilePlan>(files_));
-      } else {
-        detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpItem>(items));
-      }
-      detail::move_into_place(dir, output_);
-    } catch (...) {
-      std::error_code ec;
-      if (!distributed) std::filesystem::remove_all(dir, ec);
-      throw;
     }
-    std::error_code ec;
+    if (spent_) {
+      for (TensorEntry& t : spent_->tensors) std::vector<Chunk>().swap(t.chunks);  // copied: .metadata names the plan's
+    }
+    detail::give_back_freed_memory();  // the copy's records, the input's chunk lists
+    if (from_plan) {
+      detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpFilePlan>(files_));
+    } else {
+      detail::write_dcp_metadata(dir, plan_, std::span<const detail::DcpItem>(items));
+    }
+    result.files.push_back({output_ / ".metadata", dir.size_of(".metadata"), nitems, true});
     for (ResultFile& f : result.files) {
-      if (!f.written_here) f.size = std::filesystem::file_size(f.path, ec);
+      if (!f.written_here) f.size = dir.size_of(f.path.filename().string());  // another process's
     }
-    result.files.push_back({output_ / ".metadata", std::filesystem::file_size(output_ / ".metadata", ec), nitems, true});
+    if (distributed) {
+      detail::move_into_place(shared, output_);
+    } else {
+      out_.commit_directory();
+    }
     result.committed = true;
   }
 
   const Checkpoint& c_;
   Checkpoint* spent_;
-  std::filesystem::path output_;
+  Output& out_;
+  std::filesystem::path output_;  ///< out_.path(), the name results and errors give
   const ShardOptions& o_;
   ChunkReader reader_;
   std::unique_ptr<TorchSaveFile> file_;                // torch.save input
@@ -636,14 +626,24 @@ class Sharder {
 
 }  // namespace
 
-ShardResult shard(const Checkpoint& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run) {
+ShardResult shard(const Checkpoint& input, Output& output, const ShardOptions& options, bool dry_run) {
   Sharder s(input, output, options);
   return s.run(dry_run);
 }
 
-ShardResult shard(Checkpoint&& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run) {
+ShardResult shard(Checkpoint&& input, Output& output, const ShardOptions& options, bool dry_run) {
   Sharder s(input, output, options, &input);
   return s.run(dry_run);
+}
+
+ShardResult shard(const Checkpoint& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run) {
+  const std::unique_ptr<Output> out = open_file_output(output, options.overwrite);
+  return shard(input, *out, options, dry_run);
+}
+
+ShardResult shard(Checkpoint&& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run) {
+  const std::unique_ptr<Output> out = open_file_output(output, options.overwrite);
+  return shard(std::move(input), *out, options, dry_run);
 }
 
 }  // namespace ckpt

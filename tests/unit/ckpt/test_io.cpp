@@ -7,6 +7,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
+#include "ckpt/output.hpp"
 #include "io/cursor.hpp"
 #include "support/error_matchers.hpp"
 #include "support/test_support.hpp"
@@ -65,6 +66,54 @@ TEST_CASE("a file sink is atomic: nothing under the final name before commit, no
   again->write("xy", 2);
   again->commit();
   CHECK(read_all(target) == bytes_of("xy"));
+}
+
+TEST_CASE("an output directory is whole or absent: built aside, in place on commit, removed when abandoned", "[ckpt][io]") {
+  TestDir dir;
+  const auto target = dir / "out";
+  auto write = [](ckpt::OutputFiles& files, const std::string& name, const std::string& text) {
+    auto sink = files.positional(name);
+    sink->write_at(0, std::as_bytes(std::span(text)));
+    sink->commit();
+  };
+  {
+    const auto out = ckpt::open_file_output(target, ckpt::Overwrite::kNo);
+    out->prepare(ckpt::OutputKind::kDcpDirectory, nullptr);
+    write(out->directory(), "a.distcp", "abc");
+    CHECK(out->directory().size_of("a.distcp") == 3);
+    CHECK_FALSE(std::filesystem::exists(target));
+  }  // abandoned
+  CHECK(std::filesystem::is_empty(dir.path()));
+  {
+    const auto out = ckpt::open_file_output(target, ckpt::Overwrite::kNo);
+    write(out->directory(), "a.distcp", "abc");
+    out->commit_directory();
+  }
+  CHECK(read_all(target / "a.distcp") == bytes_of("abc"));
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()) == 1);
+  const auto again = ckpt::open_file_output(target, ckpt::Overwrite::kNo);
+  REQUIRE_THROWS_MATCHES(again->check(ckpt::OutputKind::kDcpDirectory), ckpt::Error,
+                         IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "output exists already"));
+}
+
+TEST_CASE("a memory output holds nothing until committed, then each file by name", "[ckpt][io]") {
+  ckpt::MemoryOutput out("mem");
+  auto sink = out.file();
+  sink->resize(4);
+  sink->write_at(2, std::as_bytes(std::span("xyz", 3)));  // past the size set: it grows
+  CHECK(out.files().empty());
+  sink->commit();
+  CHECK(out.files().at("") == std::vector<std::byte>{std::byte{0}, std::byte{0}, std::byte{'x'}, std::byte{'y'}, std::byte{'z'}});
+  ckpt::MemoryOutput d("dir");
+  auto meta = d.directory().sequential(".metadata", ".metadata.tmp");
+  meta->write("m", 1);
+  meta->commit();
+  CHECK(d.directory().size_of(".metadata") == 1);
+  REQUIRE_THROWS_MATCHES(d.directory().size_of("other"), ckpt::Error, IsCkptError(ErrorKind::kIo, std::nullopt, "no such file"));
+  CHECK(d.files().empty());
+  d.commit_directory();
+  CHECK(d.files().size() == 1);
+  CHECK(d.source(".metadata")->name() == "dir/.metadata");
 }
 
 TEST_CASE("the cursor names the source and the absolute offset", "[ckpt][io]") {

@@ -7,8 +7,11 @@
 #include "ckpt/open.hpp"
 #include "ckpt/ops/merge.hpp"
 #include "ckpt/ops/shard.hpp"
+#include "ckpt/output.hpp"
+#include "formats/dcp/metadata.hpp"
 #include "formats/dcp/write_plan.hpp"
 #include "support/error_matchers.hpp"
+#include "support/tensors.hpp"
 #include "support/test_support.hpp"
 
 using namespace fsdp_test;
@@ -133,25 +136,90 @@ TEST_CASE("shard: the dry run plans, -j does not change the bytes", "[ckpt][shar
   }
 }
 
-TEST_CASE("merge refuses a planner_data path that indexes a list past every entry, in bounded memory", "[ckpt][merge]") {
-  // torch grows a list with None up to the index; an index past the entries there are can only be
-  // a hostile path (4,000,000,000 Nones would be 32 GB of nodes).
+namespace {
+
+// A DCP directory kept in memory, read back through the index as open_dcp reads one from disk.
+ckpt::Checkpoint read_back_dcp(const ckpt::MemoryOutput& out) {
+  ckpt::Checkpoint c;
+  c.root = out.path();
+  c.format = ckpt::Format::kDcp;
+  ckpt::detail::read_dcp_metadata(out.files().at(".metadata"), (out.path() / ".metadata").string(), c);
+  for (ckpt::CheckpointFile& f : c.files) {
+    f.source = out.source(f.relative);
+    f.size = f.source->size();
+  }
+  c.items = ckpt::detail::dcp_items();
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("shard into memory: read back, every tensor equals the input's, chunked as FSDP chunks it", "[ckpt][shard]") {
+  const ckpt::Checkpoint in = ckpt::open_checkpoint(testdata("dcp/torch113_4rank"));
+  ckpt::MemoryOutput out("resharded");
+  ckpt::ShardOptions o;
+  o.world_size = 3;
+  const ckpt::ShardResult r = ckpt::shard(in, out, o);
+  CHECK(r.committed);
+  CHECK(out.files().size() == 4);  // .metadata and a file a rank
+  for (const ckpt::ResultFile& f : r.files) CHECK(f.size == out.files().at(f.path.filename().string()).size());
+  const ckpt::Checkpoint back = read_back_dcp(out);
+  const ckpt::ChunkReader from(in), to(back);
+  REQUIRE(back.tensors.size() == in.tensors.size());
+  for (const ckpt::TensorEntry& t : in.tensors) {
+    INFO(t.name);
+    const auto b = std::find_if(back.tensors.begin(), back.tensors.end(), [&](const auto& x) { return x.name == t.name; });
+    REQUIRE(b != back.tensors.end());
+    CHECK(b->dtype == t.dtype);
+    CHECK(b->shape == t.shape);
+    CHECK(whole_tensor(to, *b) == whole_tensor(from, t));
+    if (t.shape.size() == 0) continue;
+    // torch.chunk's rule: pieces of ceil(n / 3) rows along dim 0, in rank order.
+    const std::int64_t piece = (t.shape[0] + 2) / 3;
+    std::int64_t at = 0;
+    for (const ckpt::Chunk& c : b->chunks) {
+      CHECK(c.offsets[0] == at);
+      CHECK(c.sizes[0] == std::min(piece, t.shape[0] - at));
+      at += c.sizes[0];
+    }
+    CHECK(at == t.shape[0]);
+  }
+}
+
+TEST_CASE("shard into memory: the bytes the file output holds, DCP with zstd and DCP's Hugging Face storage", "[ckpt][shard]") {
   TestDir dir;
-  std::vector<ckpt::DcpWriteTensor> t{{"model.4000000000", DType::kFloat32, {1}, {{0, {0}, {1}, ckpt::memory_source(std::vector<std::byte>(4))}}, false}};
-  ckpt::DcpWriteOptions opts;
-  opts.planner_data.set("model.4000000000", pk::make_tuple({pk::make_str("model"), pk::make_int(4000000000)}));
-  ckpt::write_dcp(dir.path() / "in", t, {}, opts);
-  const ckpt::Checkpoint c = ckpt::open_checkpoint(dir.path() / "in");
-  ckpt::MergeOptions mo;
-  REQUIRE_THROWS_MATCHES(ckpt::merge(c, dir.path() / "out.pt", mo), ckpt::Error,
-                         IsCkptError(ErrorKind::kFormat, std::nullopt, "indexes a list at 4000000000, past the 1 entries"));
-  CHECK_FALSE(std::filesystem::exists(dir.path() / "out.pt"));
-  // An index within the entries there are is torch's rule: the list grows to hold it.
-  t[0].fqn = "model.0";
-  ckpt::DcpWriteOptions ok;
-  ok.planner_data.set("model.0", pk::make_tuple({pk::make_str("model"), pk::make_int(0)}));
-  ckpt::write_dcp(dir.path() / "in0", t, {}, ok);
-  const ckpt::MergeResult r = ckpt::merge(ckpt::open_checkpoint(dir.path() / "in0"), dir.path() / "out0.pt", mo);
-  CHECK(r.files.size() == 1);
-  CHECK(std::filesystem::exists(dir.path() / "out0.pt"));
+  const ckpt::Checkpoint in = ckpt::open_checkpoint(testdata("dcp/torch113_2rank"));
+  ckpt::ShardOptions o;
+  o.world_size = 3;
+  SECTION("DCP, zstd") { o.compression = ckpt::DcpCompression::kZstd; }
+  SECTION("hf-safetensors") { o.format = ckpt::ShardFormat::kHfSafetensors; }
+  ckpt::MemoryOutput out;
+  ckpt::shard(in, out, o);
+  ckpt::shard(in, dir.path() / "out", o);
+  std::size_t on_disk = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "out")) {
+    ++on_disk;
+    const std::string name = e.path().filename().string();
+    INFO(name);
+    if (name == ".metadata") continue;  // its save id is random: compared as an index below
+    CHECK(out.files().at(name) == read_all(e.path()));
+  }
+  CHECK(out.files().size() == on_disk);
+  if (out.files().count(".metadata")) {
+    ckpt::Checkpoint a, b;
+    a.root = b.root = "out";
+    ckpt::detail::read_dcp_metadata(out.files().at(".metadata"), "memory", a);
+    ckpt::detail::read_dcp_metadata(read_all(dir.path() / "out" / ".metadata"), "file", b);
+    CHECK(ckpt::detail::index_difference(a, b).empty());
+  }
+}
+
+TEST_CASE("shard into memory: several processes share an output in the file system only", "[ckpt][shard]") {
+  const ckpt::Checkpoint in = ckpt::open_checkpoint(testdata("dcp/torch113_2rank"));
+  ckpt::MemoryOutput out;
+  ckpt::ShardOptions o;
+  o.world_size = 2;
+  o.process_count = 2;
+  REQUIRE_THROWS_MATCHES(ckpt::shard(in, out, o), ckpt::Error, IsCkptError(ErrorKind::kInvalidArgument, std::nullopt, "file system only"));
+  CHECK(out.files().empty());
 }

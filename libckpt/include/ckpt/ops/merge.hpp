@@ -22,6 +22,7 @@
 #include "ckpt/copy.hpp"
 #include "ckpt/ops/filter.hpp"
 #include "ckpt/ops/result.hpp"
+#include "ckpt/output.hpp"
 #include "ckpt/progress.hpp"
 
 namespace ckpt {
@@ -62,5 +63,8 @@ using MergeResult = WriteResult;
 /// output without Overwrite::kYes), kFormat/kMismatch/kIo for bad input, found before any output
 /// exists where the metadata shows it; a failure while copying removes the partial output.
 MergeResult merge(const Checkpoint& input, const std::filesystem::path& output, const MergeOptions& options, bool dry_run = false);
+/// The same into any output (ckpt/output.hpp; options.overwrite is the output's business). HDF5
+/// is written only to an output in the file system.
+MergeResult merge(const Checkpoint& input, Output& output, const MergeOptions& options, bool dry_run = false);
 
 }  // namespace ckpt

@@ -43,6 +43,7 @@
 #include "ckpt/formats/dcp.hpp"
 #include "ckpt/ops/filter.hpp"
 #include "ckpt/ops/result.hpp"
+#include "ckpt/output.hpp"
 #include "ckpt/progress.hpp"
 
 namespace ckpt {
@@ -89,7 +90,8 @@ struct ShardOptions {
 using ShardResult = WriteResult;
 
 /// Plans the shard of `input` into the DCP directory `output` and, unless `dry_run`, writes it:
-/// data files, then `.metadata` last, in `<output>.partial`, renamed into place. Throws
+/// data files, then `.metadata` last, in a directory beside it (NOTE [Atomic outputs]; several
+/// processes: `<output>.partial`), renamed into place. Throws
 /// ckpt::Error: kInvalidArgument for options that cannot apply (an existing output without
 /// Overwrite::kYes, the output over the input, a task larger than max_memory), kFormat/kMismatch/
 /// kIo for bad input, found before any output exists where the metadata shows it; a failure while
@@ -98,6 +100,10 @@ ShardResult shard(const Checkpoint& input, const std::filesystem::path& output, 
 /// The same for an input not needed afterwards: its chunk lists go once the data files are
 /// written, before `.metadata` is made, so the two never stand at once.
 ShardResult shard(Checkpoint&& input, const std::filesystem::path& output, const ShardOptions& options, bool dry_run = false);
+/// The same into any output (ckpt/output.hpp; options.overwrite is the output's business).
+/// Several processes share an output in the file system only.
+ShardResult shard(const Checkpoint& input, Output& output, const ShardOptions& options, bool dry_run = false);
+ShardResult shard(Checkpoint&& input, Output& output, const ShardOptions& options, bool dry_run = false);
 
 
 }  // namespace ckpt

@@ -23,6 +23,7 @@
 #include "ckpt/copy.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/formats/dcp.hpp"
+#include "ckpt/output.hpp"
 
 namespace ckpt::detail {
 
@@ -151,22 +152,23 @@ void validate_dcp_plan(const DcpPlan& plan);
 std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan);
 
 /// Whether write_dcp_files returns where each item went, or (uncompressed) nothing: there an
-/// item's place follows from the plan, and write_dcp_metadata(dir, plan, files) makes them again
+/// item's place follows from the plan, and write_dcp_metadata(out, plan, files) makes them again
 /// as it writes, so no list of every item is held through the copy. Compressed items' places
 /// are known only once written, and are returned either way.
 enum class ItemPlaces { kReturn, kFromPlan };
 
-/// Writes `files` into `dir`, each atomically (a temporary name, fsync, rename), and returns
+/// Writes `files` into `out`, each atomically, and returns
 /// where each of their items went, in file order (see ItemPlaces). Throws what the tasks throw; a
 /// file not committed is removed.
-std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+std::vector<DcpItem> write_dcp_files(OutputFiles& out, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                      const CopyOptions& copy, ItemPlaces places = ItemPlaces::kReturn);
 
-/// Writes `.metadata` through `.metadata.tmp` and a rename (NOTE [.metadata last]).
-void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items);
+/// Writes `.metadata` into `out`, through `.metadata.tmp` and a rename on a file system
+/// (NOTE [.metadata last]).
+void write_dcp_metadata(OutputFiles& out, const DcpPlan& plan, std::span<const DcpItem> items);
 /// The same for every file of the plan (plan_dcp_files) written uncompressed: where each item went
 /// follows from the plan alone, and is made as .metadata is written instead of held.
-void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files);
+void write_dcp_metadata(OutputFiles& out, const DcpPlan& plan, std::span<const DcpFilePlan> files);
 
 /// The bytes of a torch.save archive of `value` as a DCP bytes item holds it; storages named by
 /// persistent ids in `value` come from `storage_data`.

@@ -212,7 +212,7 @@ void stream_chunk(const DcpPlan& plan, const DcpFilePlan::Ref& r, std::uint64_t 
   }
 }
 
-std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+std::vector<DcpItem> write_compressed(OutputFiles& into, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                       const CopyOptions& copy) {
   Progress& progress = copy.progress ? *copy.progress : no_progress();
   std::uint64_t total = 0;
@@ -225,7 +225,7 @@ std::vector<DcpItem> write_compressed(const std::filesystem::path& dir, const Dc
   detail::parallel_for<std::optional<ItemArchives>>(files.size(), copy.threads, [&](std::size_t i, std::optional<ItemArchives>& archives) {
     if (!archives) archives.emplace(plan.layout);
     const DcpFilePlan& f = files[i];
-    auto sink = open_file_sink(dir / f.name, Overwrite::kYes);
+    auto sink = into.sequential(f.name);
     for (const DcpFilePlan::Ref& r : f.items) {
       const std::uint64_t at = sink->offset();
       const auto z = codecs::zstd_encoder(*sink, plan.zstd_level);
@@ -291,7 +291,7 @@ class ItemWalk {
   std::uint64_t at_ = 0;
 };
 
-std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+std::vector<DcpItem> write_uncompressed(OutputFiles& into, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                         const CopyOptions& copy, ItemPlaces places) {
   ItemArchives archives(plan.layout);
   const std::uint64_t max_task = task_bytes(copy.threads);
@@ -302,7 +302,7 @@ std::vector<DcpItem> write_uncompressed(const std::filesystem::path& dir, const 
   std::uint64_t total = 0;
   for (const DcpFilePlan& f : files) {
     if (f.items.empty() && f.size != 0) internal_error("write_dcp_files: a file's size differs from its plan");
-    sinks.push_back(open_positional_sink(dir / f.name, Overwrite::kYes));
+    sinks.push_back(into.positional(f.name));
     targets.push_back(sinks.back().get());
     sinks.back()->resize(f.size);
   }
@@ -455,16 +455,16 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
   return files;
 }
 
-std::vector<DcpItem> write_dcp_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files,
+std::vector<DcpItem> write_dcp_files(OutputFiles& out, const DcpPlan& plan, std::span<const DcpFilePlan> files,
                                      const CopyOptions& copy, ItemPlaces places) {
-  return plan.compression == DcpCompression::kZstd ? write_compressed(dir, plan, files, copy)
-                                                   : write_uncompressed(dir, plan, files, copy, places);
+  return plan.compression == DcpCompression::kZstd ? write_compressed(out, plan, files, copy)
+                                                   : write_uncompressed(out, plan, files, copy, places);
 }
 
 namespace {
 
 // .metadata of `plan` with `count` storage_data items, item(i) asked for in order, once each.
-void write_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::size_t count, const std::function<DcpItem(std::size_t)>& item) {
+void write_metadata(OutputFiles& into, const DcpPlan& plan, std::size_t count, const std::function<DcpItem(std::size_t)>& item) {
   // NOTE [.metadata last]: only now, with every data file durable, does the directory become a
   // checkpoint, by the rename of .metadata.tmp (what DCP's FileSystemWriter.finish does).
   const bool zstd = plan.compression == DcpCompression::kZstd;
@@ -503,24 +503,24 @@ void write_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::
   }
   ValuePtr root = mb.metadata(sdm, planner, storage);
   test_hooks::crash_point("metadata");
-  auto meta = open_file_sink(dir / ".metadata", Overwrite::kYes, dir / ".metadata.tmp");
+  auto meta = into.sequential(".metadata", ".metadata.tmp");
   pk::write_streamed(*root, 4, streamed, [&](std::span<const std::byte> b) { meta->write(b); }, mb.persistent());
   meta->commit();
 }
 
 }  // namespace
 
-void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpItem> items) {
-  write_metadata(dir, plan, items.size(), [&](std::size_t i) { return items[i]; });
+void write_dcp_metadata(OutputFiles& out, const DcpPlan& plan, std::span<const DcpItem> items) {
+  write_metadata(out, plan, items.size(), [&](std::size_t i) { return items[i]; });
 }
 
-void write_dcp_metadata(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const DcpFilePlan> files) {
+void write_dcp_metadata(OutputFiles& out, const DcpPlan& plan, std::span<const DcpFilePlan> files) {
   if (plan.compression != DcpCompression::kNone) internal_error("write_dcp_metadata: compressed items' places are known only once written");
   // Each item's place follows from the plan, file after file (what write_uncompressed lays out).
   ItemArchives archives(plan.layout);
   ItemWalk walk(plan, files, archives);
   std::size_t next = 0;
-  write_metadata(dir, plan, item_count(files), [&](std::size_t i) {
+  write_metadata(out, plan, item_count(files), [&](std::size_t i) {
     if (i != next++ || walk.done()) internal_error("write_dcp_metadata: items asked for out of order");
     const DcpItem it = item_of(plan, walk.ref(), walk.file().name, walk.at(), walk.length());
     walk.next();
@@ -593,14 +593,15 @@ void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTenso
   }
   const detail::DcpPlan plan = plan_of(tensors, objects, options, std::nullopt);
   create_dir(dir);
+  const std::unique_ptr<OutputFiles> out = directory_files(dir);
   const std::vector<detail::DcpFilePlan> files = detail::plan_dcp_files(plan);
   if (plan.compression == DcpCompression::kNone) {
-    detail::write_dcp_files(dir, plan, files, {}, detail::ItemPlaces::kFromPlan);
-    detail::write_dcp_metadata(dir, plan, std::span<const detail::DcpFilePlan>(files));
+    detail::write_dcp_files(*out, plan, files, {}, detail::ItemPlaces::kFromPlan);
+    detail::write_dcp_metadata(*out, plan, std::span<const detail::DcpFilePlan>(files));
     return;
   }
-  const std::vector<detail::DcpItem> items = detail::write_dcp_files(dir, plan, files, {});
-  detail::write_dcp_metadata(dir, plan, items);
+  const std::vector<detail::DcpItem> items = detail::write_dcp_files(*out, plan, files, {});
+  detail::write_dcp_metadata(*out, plan, items);
 }
 
 void write_dcp_rank_files(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
@@ -615,7 +616,7 @@ void write_dcp_rank_files(const std::filesystem::path& dir, const std::vector<Dc
   for (detail::DcpFilePlan& f : detail::plan_dcp_files(plan)) {
     if (f.rank == rank) mine.push_back(std::move(f));
   }
-  detail::write_dcp_files(dir, plan, mine, {}, detail::ItemPlaces::kFromPlan);
+  detail::write_dcp_files(*directory_files(dir), plan, mine, {}, detail::ItemPlaces::kFromPlan);
 }
 
 void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
@@ -634,7 +635,7 @@ void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpW
                   ec ? "is missing: a rank has not written its files" : "holds " + std::to_string(size) + " bytes, the plan says " + std::to_string(f.size));
     }
   }
-  detail::write_dcp_metadata(dir, plan, std::span<const detail::DcpFilePlan>(files));
+  detail::write_dcp_metadata(*directory_files(dir), plan, std::span<const detail::DcpFilePlan>(files));
 }
 
 }  // namespace ckpt

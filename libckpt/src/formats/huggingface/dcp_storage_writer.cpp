@@ -105,14 +105,14 @@ std::vector<HfStorageFile> plan_hf_storage_files(const DcpPlan& plan, const std:
   return files;
 }
 
-void write_hf_storage_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const HfStorageFile> files,
+void write_hf_storage_files(OutputFiles& out, const DcpPlan& plan, std::span<const HfStorageFile> files,
                             const CopyOptions& options) {
   std::vector<std::unique_ptr<PositionalSink>> sinks;
   std::vector<PositionalSink*> raw;
   std::vector<CopyTask> tasks;
   const std::uint64_t max_task = task_bytes(options.threads);
   for (const HfStorageFile& f : files) {
-    sinks.push_back(open_positional_sink(dir / f.name, Overwrite::kNo));
+    sinks.push_back(out.positional(f.name));
     PositionalSink& sink = *sinks.back();
     raw.push_back(&sink);
     sink.resize(f.layout.size);

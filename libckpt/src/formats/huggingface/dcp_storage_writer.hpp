@@ -15,6 +15,7 @@
 
 #include "ckpt/copy.hpp"
 #include "ckpt/formats/safetensors.hpp"
+#include "ckpt/output.hpp"
 #include "formats/dcp/write_plan.hpp"
 
 namespace ckpt::detail {
@@ -33,9 +34,9 @@ struct HfStorageFile {
 /// of one tensor (a file holds one tensor of a name).
 std::vector<HfStorageFile> plan_hf_storage_files(const DcpPlan& plan, const std::string& target);
 
-/// Writes `files` into `dir` (which exists), their chunks made by plan.add_tasks, in one copy. The
-/// files are committed; a failure leaves the ones not yet committed absent.
-void write_hf_storage_files(const std::filesystem::path& dir, const DcpPlan& plan, std::span<const HfStorageFile> files,
+/// Writes `files` into `out`, their chunks made by plan.add_tasks, in one copy. The files are
+/// committed; a failure leaves the ones not yet committed absent.
+void write_hf_storage_files(OutputFiles& out, const DcpPlan& plan, std::span<const HfStorageFile> files,
                             const CopyOptions& options);
 
 }  // namespace ckpt::detail
