@@ -2,6 +2,7 @@
 // The one file that sees both LibTorch and libckpt types (ARCHITECTURE.md).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "ckpt/formats/dcp.hpp"
 #include "ckpt/formats/torch_save.hpp"
 #include "ckpt/open.hpp"
+#include "ckpt/ops/filter.hpp"
 #include "ckpt/sharding.hpp"
 #include "fsdp/checkpoint.hpp"
 
@@ -120,9 +122,8 @@ ckpt::pickle::ValuePtr param_groups(const ShardedOptimizer& optimizer, const std
 }
 
 /// A tensor of the checkpoint, whole: assembled from every chunk that holds part of it.
-torch::Tensor read_full(const ckpt::Checkpoint& c, const ckpt::ChunkReader& reader, const std::string& fqn,
+torch::Tensor read_full(const ckpt::ChunkReader& reader, const ckpt::TensorEntry* t, const std::string& fqn,
                         const std::vector<std::int64_t>& shape, const std::string& who) {
-  const ckpt::TensorEntry* t = c.find_tensor(fqn);
   if (!t) throw Error(who + ": it has no '" + fqn + "'");
   if (t->shape != shape) throw Error(who + ": '" + t->name + "' has another shape than the model's");
   const c10::ScalarType dtype = from_ckpt(t->dtype, who + ": '" + t->name + "'");
@@ -284,6 +285,67 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
   group.barrier();
 }
 
+namespace {
+
+// Up to `most` of `names`, joined by ", ", and how many more there are.
+std::string some_of(const std::vector<std::string>& names, std::size_t most = 8) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < most; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > most) out += ", and " + std::to_string(names.size() - most) + " more";
+  return out;
+}
+
+// The checkpoint's tensors below the model's key, by the names the model gives them: the key
+// taken off, then the renames applied. Throws fsdp::Error when two names become one.
+std::map<std::string, const ckpt::TensorEntry*> model_tensors(const ckpt::Checkpoint& c, const LoadOptions& o, const std::string& who) {
+  const std::string prefix = o.model_key.empty() ? std::string() : o.model_key + ".";
+  ckpt::EntryRenames renames(std::nullopt, o.renames);
+  std::map<std::string, const ckpt::TensorEntry*> out;
+  for (const ckpt::TensorEntry& t : c.tensors) {
+    if (!t.name.starts_with(prefix)) continue;
+    const std::string name = renames.apply(std::string_view(t.name).substr(prefix.size()));
+    const auto [at, fresh] = out.emplace(name, &t);
+    if (!fresh) throw Error(who + ": '" + at->second->name + "' and '" + t.name + "' both become '" + name + "'");
+  }
+  return out;
+}
+
+// Strict loading: every parameter of the model there, and nothing else, or one error naming both.
+void check_names_match(const FullyShardedSequential& model, const std::map<std::string, const ckpt::TensorEntry*>& found,
+                       const ckpt::Checkpoint& c, const LoadOptions& o, const std::string& who) {
+  std::set<std::string> known;
+  std::vector<std::string> missing, unexpected;
+  for (const auto& unit : model.units()) {
+    if (!unit) continue;
+    for (const auto& p : unit->params()) {
+      known.insert(p.fqn);
+      if (!found.count(p.fqn)) missing.push_back(o.model_key.empty() ? p.fqn : o.model_key + "." + p.fqn);
+    }
+  }
+  for (const auto& [name, t] : found) {
+    if (!known.count(name)) unexpected.push_back(t->name);
+  }
+  if (missing.empty() && unexpected.empty()) return;
+  std::string message = who + ": the checkpoint does not hold the model's parameters, and only them";
+  if (!missing.empty()) message += "; missing (" + std::to_string(missing.size()) + "): " + some_of(missing);
+  if (!unexpected.empty()) message += "; unexpected (" + std::to_string(unexpected.size()) + "): " + some_of(unexpected);
+  // Where the model's names sit under another key, say which.
+  const auto first = std::find_if(known.begin(), known.end(), [&](const std::string& n) { return !found.count(n); });
+  if (first != known.end()) {
+    const std::string tail = "." + *first;
+    for (const ckpt::TensorEntry& t : c.tensors) {
+      if (t.name.ends_with(tail) && t.name.size() > tail.size()) {
+        message += "; '" + *first + "' is there as '" + t.name + "': the model's entries sit under '" +
+                   t.name.substr(0, t.name.size() - tail.size()) + "'";
+        break;
+      }
+    }
+  }
+  throw Error(message + " (load with strict = false to keep what is missing and ignore the rest)");
+}
+
+}  // namespace
+
 ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group,
                                     const LoadOptions& o) {
   const std::string who = "rank " + std::to_string(group.rank()) + ": loading " + dir.string();
@@ -291,6 +353,12 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
   try {
     const ckpt::Checkpoint c = ckpt::open_checkpoint(dir);
     const ckpt::ChunkReader reader(c, ckpt::FileAccess::kRead);
+    const std::map<std::string, const ckpt::TensorEntry*> found = model_tensors(c, o, who);
+    if (o.strict) check_names_match(model, found, c, o, who);
+    auto find = [&](const std::string& name) -> const ckpt::TensorEntry* {
+      const auto it = found.find(name);
+      return it == found.end() ? nullptr : it->second;
+    };
     torch::NoGradGuard no_grad;
     std::optional<std::int64_t> steps;
     for (std::size_t u = 0; u < model.units().size(); ++u) {
@@ -299,10 +367,9 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       std::vector<torch::Tensor> values;
       bool missing = false;
       for (const auto& p : unit->params()) {
-        const std::string fqn = o.model_key + "." + p.fqn;
-        const bool skip = !o.strict && !c.find_tensor(fqn);
-        missing = missing || skip;
-        values.push_back(skip ? torch::Tensor() : read_full(c, reader, fqn, p.shape, who));
+        const ckpt::TensorEntry* t = find(p.fqn);
+        missing = missing || !t;
+        values.push_back(t ? read_full(reader, t, p.fqn, p.shape, who) : torch::Tensor());
       }
       if (missing) {
         // Not strict: a parameter the checkpoint lacks keeps its value (every rank of the unit
@@ -319,34 +386,19 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       for (const auto& b : o.optimizer->buffer_names()) {
         std::vector<torch::Tensor> moments;
         for (const auto& p : unit->params()) {
+          const std::string fqn = o.optimizer_key + ".state." + p.fqn + "." + b;
           moments.push_back(p.alias_of >= 0 ? moments[static_cast<std::size_t>(p.alias_of)]
-                                            : read_full(c, reader, o.optimizer_key + ".state." + p.fqn + "." + b, p.shape, who)
-                                                  .to(unit->shard().scalar_type()));
+                                            : read_full(reader, c.find_tensor(fqn), fqn, p.shape, who).to(unit->shard().scalar_type()));
         }
         o.optimizer->buffer(u, b).copy_(unit->flatten_slice(moments));
       }
       const std::string step = o.optimizer_key + ".state." + unit->params().front().fqn + ".step";
-      if (c.find_tensor(step)) steps = static_cast<std::int64_t>(read_full(c, reader, step, {}, who).item<double>());
+      if (const ckpt::TensorEntry* t = c.find_tensor(step)) steps = static_cast<std::int64_t>(read_full(reader, t, step, {}, who).item<double>());
     }
     if (o.optimizer) o.optimizer->set_steps(steps.value_or(0));
-    if (o.strict) {
-      // Nothing under the model's key that the model does not have (torch's "unexpected keys").
-      std::set<std::string> known;
-      for (const auto& unit : model.units()) {
-        if (unit) for (const auto& p : unit->params()) known.insert(o.model_key + "." + p.fqn);
-      }
-      std::vector<std::string> unexpected;
-      for (const auto& t : c.tensors) {
-        if (t.name.starts_with(o.model_key + ".") && !known.count(t.name)) unexpected.push_back(t.name);
-      }
-      if (!unexpected.empty()) {
-        throw Error(who + ": it holds " + std::to_string(unexpected.size()) + " entries under '" + o.model_key +
-                    "' that the model does not have (first: '" + unexpected.front() + "'; load with strict = false to ignore them)");
-      }
-    }
-    if (std::filesystem::is_regular_file(dir)) {
+    if (c.format == ckpt::Format::kTorchSave) {
       meta = ckpt::read_torch_save(ckpt::open_file(dir)).root;
-    } else if (std::filesystem::exists(dir / "meta.pt")) {
+    } else if (ckpt::is_dcp(c.format) && std::filesystem::exists(dir / "meta.pt")) {
       meta = ckpt::read_torch_save(ckpt::open_file(dir / "meta.pt")).root;
     }
   } catch (const ckpt::Error& e) {

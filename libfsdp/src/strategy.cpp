@@ -392,4 +392,17 @@ pk::ValuePtr Strategy::load_checkpoint(const fs::path& path, State& state, bool 
   return pk::make_dict(std::move(rest));
 }
 
+void Strategy::load_checkpoint(const fs::path& path, FullyShardedSequential& module, bool strict) {
+  load_weights(path, module, {}, {}, strict);
+}
+
+void Strategy::load_weights(const fs::path& path, FullyShardedSequential& module, const std::string& key,
+                            const std::vector<std::string>& renames, bool strict) {
+  LoadOptions o;
+  o.model_key = key;
+  o.renames = renames;
+  o.strict = strict;
+  load_sharded(path, module, group(), o);
+}
+
 }  // namespace fsdp

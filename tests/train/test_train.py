@@ -130,6 +130,52 @@ def pytorch_equivalence(tied=False):
         assert diff <= 1e-5, f"{name}: our step 7 differs from torch.optim.AdamW's by {diff}"
 
 
+def init_from():
+    """--init-from: weights PyTorch wrote give PyTorch's loss on step 1's batch (a fresh run)."""
+    d = os.path.join(work, "init")
+    os.makedirs(d)
+    torch.manual_seed(7)
+    model = gpt.gpt(**SHAPE)
+    tokens, train_end = gpt.text_tokens(a.text)
+    x, y = gpt.batch(tokens, train_end, SEED, 1, 0, 8, SHAPE["block_size"])
+    theirs = gpt.loss(model, x, y).item()
+    state = model.state_dict()
+
+    def first_loss(name, *init, nproc=None):
+        log = os.path.join(d, name + ".jsonl")
+        batch = "4" if nproc == 2 else "8"  # per rank: a global batch of 8 either way
+        r = train("--steps", "1", "--batch-size", batch, *init, "--log-jsonl", log, nproc=nproc)
+        ours = losses(log)[1]
+        assert close(ours, theirs, 1e-5), f"{name}: PyTorch's loss {theirs!r}, ours {ours!r}\n{r.stderr}"
+
+    # torch.save(model.state_dict()), at 2 ranks.
+    raw = os.path.join(d, "raw.pt")
+    torch.save(state, raw)
+    first_loss("raw", "--init-from", raw, nproc=2)
+    # The same weights as safetensors, written by our merge from that file.
+    st = os.path.join(d, "w.safetensors")
+    m = subprocess.run([a.merge, raw, "-o", st, "--format", "safetensors"], capture_output=True, text=True)
+    assert m.returncode == 0, m.stderr
+    first_loss("safetensors", "--init-from", st)
+    # A sub-dict whose names carry a prefix: --init-key and --init-rename.
+    keyed = os.path.join(d, "keyed.pt")
+    torch.save({"state": {"x." + k: v for k, v in state.items()}, "epoch": 3}, keyed)
+    first_loss("keyed", "--init-from", keyed, "--init-key", "state", "--init-rename", r"s/^x\.//")
+    # Strict: without them every name is missing and unexpected, listed together, with where the
+    # model's names are.
+    r = train("--steps", "1", "--init-from", keyed, expect=1)
+    assert "missing (" in r.stderr and "unexpected (" in r.stderr and "sit under 'state.x'" in r.stderr, r.stderr
+    # A file lacking a parameter: strict refuses, --init-non-strict keeps its initial value.
+    part = os.path.join(d, "part.pt")
+    torch.save({k: v for k, v in state.items() if k != "head.ln_f.bias"}, part)
+    r = train("--steps", "1", "--init-from", part, expect=1)
+    assert "missing (1): head.ln_f.bias" in r.stderr, r.stderr
+    train("--steps", "1", "--init-from", part, "--init-non-strict")
+    # Usage errors exit 2: with --resume, a bad rename.
+    train("--init-from", raw, "--resume", "latest", expect=2)
+    train("--init-from", raw, "--init-rename", "s/(/x/", expect=2)
+
+
 def full_state_dict():
     sharded, full = os.path.join(work, "fs-sharded"), os.path.join(work, "fs-full")
     for d, kind in ((sharded, "sharded"), (full, "full")):
@@ -633,6 +679,7 @@ def help_matches_man():
 check("help_matches_man", help_matches_man)
 check("pytorch_gpt_and_adamw_equivalence", pytorch_equivalence)
 check("pytorch_tied_gpt_and_adamw_equivalence", lambda: pytorch_equivalence(tied=True))
+check("init_from", init_from)
 check("full_state_dict", full_state_dict)
 check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <numbers>
 
+#include "ckpt/error.hpp"
+#include "ckpt/ops/filter.hpp"
 #include "common/cli_common.hpp"
 #include "fsdp-train/config.hpp"
 
@@ -130,10 +132,27 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                   "sharded (a DCP directory, as FSDP's SHARDED_STATE_DICT and Lightning save it) or full (one torch.save file "
                   "step-N.pt written by rank 0, as Lightning's full checkpoint)")
       ->check(CLI::IsMember({"sharded", "full"}))->group(k);
+  auto* w = "Starting from weights";
+  auto* init = app->add_option("--init-from", c.init_from,
+                               "start a new run (step 1, a fresh optimizer) from the weights in PATH: a torch.save state dict, "
+                               "safetensors, a Hugging Face folder, a DCP directory, any format fsdp-ckpt-inspect reads")
+                   ->excludes(app->get_option("--resume"))->group(w);
+  app->add_option("--init-key", c.init_key, "the key the model's weights sit under in --init-from (e.g. model); default: the file is the state dict")
+      ->needs(init)->group(w);
+  app->add_option("--init-rename", c.init_renames, "s/REGEX/REPLACEMENT/[g] on --init-from's names before they are matched with the model's (repeatable, in order)")
+      ->allow_extra_args(false)->needs(init)->group(w);
+  app->add_flag("--init-non-strict", c.init_non_strict,
+                "parameters --init-from lacks keep their initial values and names the model lacks are ignored (default: both are errors)")
+      ->needs(init)->group(w);
   return app;
 }
 
 void validate(TrainConfig& c) {
+  try {
+    ckpt::EntryRenames(std::nullopt, c.init_renames);
+  } catch (const ckpt::Error& e) {
+    throw fsdp_tools::UsageError(std::string("--init-rename: ") + e.what());
+  }
   if (c.model_script.empty()) {
     if (c.model == "gpt" && c.n_head > 0 && c.n_embd % c.n_head != 0) {
       throw fsdp_tools::UsageError("--n-embd " + std::to_string(c.n_embd) + " is not a multiple of --n-head " + std::to_string(c.n_head));

@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 #include <string>
+#include <vector>
 
 namespace fsdp_train {
 
@@ -70,6 +71,11 @@ struct TrainConfig {
   bool force = false;  ///< train from scratch over an earlier run's checkpoints in ckpt_dir, removing them
   std::int64_t stop_at_step = 0;  ///< > 0: save and stop after this step (the schedule still runs to --steps)
   std::string state_dict_type = "sharded";
+  // starting from weights
+  std::string init_from;                  ///< weights in any format libckpt reads: a new run (step 1, fresh optimizer) starts from them
+  std::string init_key;                   ///< the key the model's weights sit under there; empty: the file is the state dict
+  std::vector<std::string> init_renames;  ///< s/REGEX/REPLACEMENT/ on the file's names, in order
+  bool init_non_strict = false;           ///< missing parameters keep their initial values, other names are ignored
 };
 
 std::unique_ptr<CLI::App> make_train_app(TrainConfig& c);

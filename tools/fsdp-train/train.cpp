@@ -214,8 +214,12 @@ class Trainer {
 
   int run() {
     std::int64_t start = 0;
-    if (!c_.resume.empty()) start = resume();
-    else if (!c_.ckpt_dir.empty()) start_over();
+    if (!c_.resume.empty()) {
+      start = resume();
+    } else {
+      if (!c_.ckpt_dir.empty()) start_over();
+      if (!c_.init_from.empty()) init_from();
+    }
     if (rank_ == 0 && !c_.log_jsonl.empty()) {
       log_.open(c_.log_jsonl, start > 0 ? std::ios::app : std::ios::trunc);
       if (!log_) throw std::runtime_error(c_.log_jsonl + ": cannot open the log for writing");
@@ -573,6 +577,16 @@ class Trainer {
     }
   }
 
+  // A new run from weights: the model's parameters only; the optimizer and the step start afresh.
+  void init_from() {
+    try {
+      strategy_.load_weights(c_.init_from, fsdp_, c_.init_key, c_.init_renames, !c_.init_non_strict);
+    } catch (const fsdp::Error& e) {
+      throw std::runtime_error(std::string(e.what()) + "; with fsdp-train: --init-key, --init-rename, --init-non-strict");
+    }
+    say("starting from the weights in " + c_.init_from);
+  }
+
   std::int64_t resume() {
     fs::path path = c_.resume;
     if (c_.resume == "latest") {
@@ -666,7 +680,8 @@ int run_rank(const TrainConfig& config, const std::map<std::string, std::string>
     Trainer trainer(config, strategy);
     return trainer.run();
   } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(rank) + ": " + e.what());
+    const std::string who = "rank " + std::to_string(rank) + ": ", what = e.what();
+    throw std::runtime_error(what.starts_with(who) ? what : who + what);  // once, where libfsdp named the rank already
   }
 }
 

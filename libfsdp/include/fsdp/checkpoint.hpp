@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "ckpt/pickle.hpp"
 #include "fsdp/fully_sharded.hpp"
@@ -47,20 +48,27 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
 void save_full(const std::filesystem::path& file, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
 
 struct LoadOptions {
+  /// The key the model's entries sit under: `<model_key>.<parameter>`. Empty: the checkpoint is
+  /// the module's own state dict (`<parameter>`), as torch.save(model.state_dict()), a
+  /// safetensors file or a Hugging Face folder holds it.
   std::string model_key = "model";
+  /// s<d>REGEX<d>REPLACEMENT<d>[g] (ckpt::EntryRenames), applied in order to each checkpoint name
+  /// below `model_key` before it is matched with the model's.
+  std::vector<std::string> renames;
   /// Also loads this optimizer's buffers and step count (saved as SaveOptions describes).
   ShardedOptimizer* optimizer = nullptr;
   std::string optimizer_key = "optimizer";
   /// true: every parameter of the model must be in the checkpoint, and the checkpoint may hold no
-  /// other entry under `<model_key>.` (as torch's load_state_dict(strict=True)); false: missing
-  /// parameters keep their values and other entries are ignored (the optimizer state asked for
-  /// must be whole either way).
+  /// other tensor under `<model_key>.` (as torch's load_state_dict(strict=True); the error lists
+  /// both kinds); false: missing parameters keep their values and other entries are ignored (the
+  /// optimizer state asked for must be whole either way).
   bool strict = true;
 };
 
 /// Loads `model`'s parameters from a DCP directory (ours or PyTorch's) written at any world size,
-/// or from a torch.save file (save_full's, Lightning's full or consolidated checkpoint, whose
-/// top-level object is then what is returned):
+/// from a torch.save file (save_full's, Lightning's full or consolidated checkpoint, whose
+/// top-level object is then what is returned), or from any weights libckpt reads (safetensors, a
+/// Hugging Face folder, HDF5):
 /// each parameter `<key>.<parameter>` is assembled from whatever chunks hold it and this rank
 /// keeps its slice of each unit. Every parameter must be there with its shape; a dtype that differs
 /// is cast as copy_ casts. Returns the object `meta.pt` holds (null when there is none). Throws

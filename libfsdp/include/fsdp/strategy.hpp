@@ -163,6 +163,16 @@ class Strategy {
   /// the checkpoint may hold no other parameter of the model. Returns what was saved but not asked
   /// for (a dict). A collective.
   ckpt::pickle::ValuePtr load_checkpoint(const std::filesystem::path& path, State& state, bool strict = true);
+  /// The seed's load_checkpoint(path, module): `path` holds the module's own state dict, in any
+  /// format libckpt reads (torch.save(model.state_dict()), a safetensors file, a Hugging Face
+  /// folder, a DCP directory); load_weights with that key and those renames.
+  void load_checkpoint(const std::filesystem::path& path, FullyShardedSequential& module, bool strict = true);
+  /// Weights for `module`, nothing else (fine-tuning from pretrained weights): the tensors of
+  /// `path` below `key` (empty: all of them, a module's own state dict), renamed by `renames`
+  /// (s/REGEX/REPLACEMENT/[g], in order), matched with the module's FQNs; strict as
+  /// load_checkpoint. Each rank reads for itself; every rank calls it.
+  void load_weights(const std::filesystem::path& path, FullyShardedSequential& module, const std::string& key = {},
+                    const std::vector<std::string>& renames = {}, bool strict = true);
 
   const StrategyOptions& options() const noexcept { return options_; }
   ShardingStrategy sharding_strategy() const noexcept { return sharding_; }
