@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -144,6 +145,42 @@ torch::Tensor read_full(const ckpt::ChunkReader& reader, const ckpt::TensorEntry
   return full;
 }
 
+/// Elements [begin, end) of a tensor of the checkpoint, flattened in C order: read from the chunks
+/// that hold the rows they lie in, and of each chunk only the bytes of those rows.
+torch::Tensor read_range(const ckpt::ChunkReader& reader, const ckpt::TensorEntry* t, const std::string& fqn,
+                         const std::vector<std::int64_t>& shape, std::int64_t begin, std::int64_t end, const std::string& who) {
+  if (!t) throw Error(who + ": it has no '" + fqn + "'");
+  if (t->shape != shape) throw Error(who + ": '" + t->name + "' has another shape than the model's");
+  if (shape.empty()) return read_full(reader, t, fqn, shape, who).reshape({-1}).narrow(0, begin, end - begin);
+  const c10::ScalarType dtype = from_ckpt(t->dtype, who + ": '" + t->name + "'");
+  const std::size_t es = ckpt::element_size(t->dtype);
+  std::int64_t row = 1;
+  for (std::size_t i = 1; i < shape.size(); ++i) row *= shape[i];
+  if (row == 0 || begin == end) return torch::empty({end - begin}, torch::TensorOptions().dtype(dtype));
+  const std::int64_t r0 = begin / row, r1 = (end + row - 1) / row;  // the rows [r0, r1) hold the range
+  std::vector<std::int64_t> band_shape = shape;
+  band_shape[0] = r1 - r0;
+  torch::Tensor band = torch::empty(band_shape, torch::TensorOptions().dtype(dtype));
+  for (const ckpt::Chunk& chunk : t->chunks) {
+    const std::int64_t lo = std::max(chunk.offsets[0], r0), hi = std::min(chunk.offsets[0] + chunk.sizes[0], r1);
+    if (lo >= hi || ckpt::box_volume(chunk.sizes) == 0) continue;
+    const ckpt::ChunkData d = reader.read(*t, chunk);
+    // The chunk's rows [lo, hi) as a strided view over the span of its bytes that holds them.
+    std::vector<std::int64_t> sizes = d.shape;
+    sizes[0] = hi - lo;
+    const std::int64_t first = d.storage_offset + (lo - chunk.offsets[0]) * d.strides[0];
+    std::int64_t last = first;
+    for (std::size_t i = 0; i < sizes.size(); ++i) last += (sizes[i] - 1) * d.strides[i];
+    std::vector<std::byte> bytes(static_cast<std::size_t>(last - first + 1) * es);
+    d.storage->read_at(static_cast<std::uint64_t>(first) * es, bytes);
+    torch::Tensor src = torch::from_blob(bytes.data(), {last - first + 1}, torch::TensorOptions().dtype(dtype)).as_strided(sizes, d.strides, 0);
+    torch::Tensor dst = band.narrow(0, lo - r0, hi - lo);
+    for (std::size_t i = 1; i < chunk.sizes.size(); ++i) dst = dst.narrow(static_cast<std::int64_t>(i), chunk.offsets[i], chunk.sizes[i]);
+    dst.copy_(src);
+  }
+  return band.reshape({-1}).narrow(0, begin - r0 * row, end - begin);
+}
+
 // The optimizer state parameter by parameter, in the model's order: `step` (AdamW, a 0-d float32)
 // and then every buffer as a full tensor; a tied parameter once, under its first name (as
 // torch.optim sees it: model.parameters() yields it once). Gathering a buffer is a collective, so
@@ -193,8 +230,15 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   options.overwrite = ckpt::Overwrite::kYes;
   torch::NoGradGuard no_grad;
   std::vector<std::string> fqns;
-  for (const auto& [name, t] : model.full_state_dict()) {  // a collective
-    tensors.push_back(chunked(o.model_key + "." + name, t, piece, pieces));
+  // One unit gathered at a time, this rank's pieces copied out of it; then in the model's order.
+  std::map<std::string, ckpt::DcpWriteTensor> made;
+  std::vector<std::string> names;
+  model.visit_full_state([&](const std::string& name, const torch::Tensor& t) {  // a collective
+    made.emplace(name, chunked(o.model_key + "." + name, t, piece, pieces));
+    names.push_back(name);
+  });
+  for (const std::string& name : model.in_model_order(std::move(names))) {
+    tensors.push_back(std::move(made.at(name)));
     options.planner_data.set(tensors.back().fqn, path_of({o.model_key, name}));
     if (optimized(model, name)) fqns.push_back(name);
   }
@@ -364,33 +408,24 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
     for (std::size_t u = 0; u < model.units().size(); ++u) {
       const auto& unit = model.units()[u];
       if (!unit) continue;
-      std::vector<torch::Tensor> values;
-      bool missing = false;
-      for (const auto& p : unit->params()) {
-        const ckpt::TensorEntry* t = find(p.fqn);
-        missing = missing || !t;
-        values.push_back(t ? read_full(reader, t, p.fqn, p.shape, who) : torch::Tensor());
-      }
-      if (missing) {
-        // Not strict: a parameter the checkpoint lacks keeps its value (every rank of the unit
-        // reads the same checkpoint, so all gather here or none does).
-        const bool was = unit->gathered();
-        unit->gather();
-        for (std::size_t i = 0; i < values.size(); ++i) {
-          if (!values[i].defined()) values[i] = unit->params()[i].tensor.detach().clone();
+      // Each rank reads only what its slice holds of each parameter (an alias shares its
+      // original's place); a parameter the checkpoint lacks (not strict) keeps its value.
+      const std::vector<FlatUnit::Range> ranges = unit->slice_ranges();
+      auto pieces = [&](const std::function<std::string(const FlatUnit::Param&)>& name, bool required) {
+        std::vector<torch::Tensor> out;
+        for (std::size_t i = 0; i < unit->params().size(); ++i) {
+          const FlatUnit::Param& p = unit->params()[i];
+          const std::string fqn = name(p);
+          const ckpt::TensorEntry* t = required ? c.find_tensor(fqn) : find(p.fqn);
+          const bool skip = p.alias_of >= 0 || ranges[i].begin == ranges[i].end || (!required && !t);
+          out.push_back(skip ? torch::Tensor() : read_range(reader, t, fqn, p.shape, ranges[i].begin, ranges[i].end, who));
         }
-        if (!was) unit->release();
-      }
-      unit->load_full(values);
+        return out;
+      };
+      unit->load_pieces(pieces([&](const FlatUnit::Param& p) { return p.fqn; }, false));
       if (!o.optimizer) continue;
       for (const auto& b : o.optimizer->buffer_names()) {
-        std::vector<torch::Tensor> moments;
-        for (const auto& p : unit->params()) {
-          const std::string fqn = o.optimizer_key + ".state." + p.fqn + "." + b;
-          moments.push_back(p.alias_of >= 0 ? moments[static_cast<std::size_t>(p.alias_of)]
-                                            : read_full(reader, c.find_tensor(fqn), fqn, p.shape, who).to(unit->shard().scalar_type()));
-        }
-        o.optimizer->buffer(u, b).copy_(unit->flatten_slice(moments));
+        unit->put_pieces(o.optimizer->buffer(u, b), pieces([&](const FlatUnit::Param& p) { return o.optimizer_key + ".state." + p.fqn + "." + b; }, true));
       }
       const std::string step = o.optimizer_key + ".state." + unit->params().front().fqn + ".step";
       if (const ckpt::TensorEntry* t = c.find_tensor(step)) steps = static_cast<std::int64_t>(read_full(reader, t, step, {}, who).item<double>());

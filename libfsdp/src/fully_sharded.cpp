@@ -367,6 +367,44 @@ torch::Tensor FlatUnit::flatten_slice(const std::vector<torch::Tensor>& values) 
   return flat.narrow(0, rank * n, n).clone();
 }
 
+std::vector<FlatUnit::Range> FlatUnit::slice_ranges() const {
+  const std::int64_t n = shard_.numel();
+  const std::int64_t lo = (strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank()) * n, hi = lo + n;
+  std::vector<Range> out;
+  for (const Param& p : params_) {
+    const std::int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+    out.push_back(b < e ? Range{b - p.offset, e - p.offset} : Range{});
+  }
+  return out;
+}
+
+void FlatUnit::put_pieces(torch::Tensor& slice, const std::vector<torch::Tensor>& pieces) const {
+  torch::NoGradGuard no_grad;
+  if (pieces.size() != params_.size()) throw Error("load: " + std::to_string(pieces.size()) + " pieces for " + std::to_string(params_.size()) + " parameters");
+  if (slice.numel() != shard_.numel()) throw Error("load: a slice of " + std::to_string(slice.numel()) + " elements, the shard has " + std::to_string(shard_.numel()));
+  const std::int64_t lo = (strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank()) * shard_.numel();
+  const std::vector<Range> ranges = slice_ranges();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Range r = ranges[i];
+    if (!pieces[i].defined() || params_[i].alias_of >= 0 || r.begin == r.end) continue;
+    if (pieces[i].numel() != r.end - r.begin) {
+      throw Error("load: '" + params_[i].fqn + "': " + std::to_string(pieces[i].numel()) + " elements for this rank's " + std::to_string(r.end - r.begin));
+    }
+    slice.narrow(0, params_[i].offset + r.begin - lo, r.end - r.begin).copy_(pieces[i].reshape({-1}));
+  }
+}
+
+void FlatUnit::load_pieces(const std::vector<torch::Tensor>& pieces) {
+  torch::NoGradGuard no_grad;
+  release();
+  torch::Tensor shard = shard_.detach();
+  put_pieces(shard, pieces);
+  if (strategy_ == ShardingStrategy::kNoShard) {
+    full_ = torch::Tensor();
+    gather();
+  }
+}
+
 FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed,
                                                const WrapPolicy& policy)
     : FullyShardedSequential(std::move(model), group, group, nullptr, strategy, mixed, policy) {}
@@ -776,25 +814,36 @@ void FullyShardedSequential::offload_shards() {
   }
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_state_dict() {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
+void FullyShardedSequential::visit_full_state(const std::function<void(const std::string&, const torch::Tensor&)>& fn) {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
     if (!unit) continue;
     // In the shards' own precision (not a param_dtype's), as FSDP's state dict is.
-    std::vector<torch::Tensor> values = unit->unflatten(unit->shard().detach());
-    for (std::size_t i = 0; i < values.size(); ++i) out.emplace_back(unit->params()[i].fqn, std::move(values[i]));
+    const std::vector<torch::Tensor> values = unit->unflatten(unit->shard().detach());
+    for (std::size_t i = 0; i < values.size(); ++i) fn(unit->params()[i].fqn, values[i]);
   }
-  // In the model's order (a wrap policy's root unit holds leaves from both ends).
+}
+
+std::vector<std::string> FullyShardedSequential::in_model_order(std::vector<std::string> fqns) const {
   std::map<std::string, std::size_t> order;
   for (const Leaf& leaf : leaves_) {
     const torch::nn::Module& m = *leaf.module().ptr();
     const std::string prefix = fqn_prefix(leaf.path, m);
-    for (const auto& item : m.named_parameters(true)) {
-      order.emplace(prefix.empty() ? item.key() : prefix + "." + item.key(), order.size());
-    }
+    for (const auto& item : m.named_parameters(true)) order.emplace(prefix.empty() ? item.key() : prefix + "." + item.key(), order.size());
   }
-  std::stable_sort(out.begin(), out.end(), [&](const auto& a, const auto& b) { return order[a.first] < order[b.first]; });
+  std::stable_sort(fqns.begin(), fqns.end(), [&](const std::string& a, const std::string& b) { return order[a] < order[b]; });
+  return fqns;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_state_dict() {
+  std::map<std::string, torch::Tensor> values;
+  std::vector<std::string> names;
+  visit_full_state([&](const std::string& fqn, const torch::Tensor& value) {
+    values.emplace(fqn, value);
+    names.push_back(fqn);
+  });
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const std::string& fqn : in_model_order(std::move(names))) out.emplace_back(fqn, values.at(fqn));
   return out;
 }
 

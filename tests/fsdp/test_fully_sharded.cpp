@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "ckpt/formats/dcp.hpp"
 #include "ckpt/formats/torch_save.hpp"
 #include "ckpt/io.hpp"
 #include "fsdp/checkpoint.hpp"
@@ -193,8 +194,59 @@ int scaler_rank_main() {
   return bad || got.size() != want.size();
 }
 
+// The values chunks_checkpoint() writes: model()'s, changed so that a load is seen.
+std::vector<std::pair<std::string, torch::Tensor>> chunked_values() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : model()->named_parameters()) out.emplace_back(item.key(), item.value().detach() * 2 + 1);
+  return out;
+}
+
+// A DCP checkpoint of chunked_values() under "model." whose chunks no FSDP save makes: a weight
+// split along dim 1 in columns of 3, a bias along dim 0 in pieces of 4, over 3 ranks' files.
+void chunks_checkpoint(const std::filesystem::path& dir) {
+  std::vector<ckpt::DcpWriteTensor> tensors;
+  for (const auto& [name, value] : chunked_values()) {
+    ckpt::DcpWriteTensor t{"model." + name, ckpt::DType::kFloat32, value.sizes().vec(), {}, true};
+    const std::int64_t dim = value.dim() - 1, step = dim == 1 ? 3 : 4;
+    for (std::int64_t at = 0, k = 0; at < value.size(dim); at += step, ++k) {
+      const std::int64_t n = std::min(step, value.size(dim) - at);
+      const torch::Tensor piece = value.narrow(dim, at, n).contiguous();
+      std::vector<std::byte> bytes(static_cast<std::size_t>(piece.numel()) * 4);
+      std::memcpy(bytes.data(), piece.data_ptr(), bytes.size());
+      std::vector<std::int64_t> offsets(static_cast<std::size_t>(value.dim()), 0), sizes = value.sizes().vec();
+      offsets[static_cast<std::size_t>(dim)] = at;
+      sizes[static_cast<std::size_t>(dim)] = n;
+      t.chunks.push_back({static_cast<int>(k % 3), offsets, sizes, ckpt::memory_source(std::move(bytes))});
+    }
+    tensors.push_back(std::move(t));
+  }
+  ckpt::DcpWriteOptions o;
+  o.world_size = 3;
+  ckpt::write_dcp(dir, tensors, {}, o);
+}
+
+// Each rank reads only its slice's rows of each chunk: what it holds, gathered, is the whole.
+int chunks_rank_main() {
+  std::map<std::string, std::string> env;
+  for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = std::getenv(k);
+  fsdp::ProcessGroup pg(*fsdp::Rendezvous::from_environment(env), fsdp::Backend::kGloo, std::chrono::seconds(60));
+  fsdp::FullyShardedSequential m(model(), pg, fsdp::ShardingStrategy::kFullShard);
+  fsdp::load_sharded(std::getenv("FSDP_TEST_LOAD_DIR"), m, pg);
+  const auto got = m.full_state_dict();
+  const auto want = chunked_values();
+  int bad = got.size() != want.size();
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    if (got[i].first != want[i].first || !got[i].second.equal(want[i].second)) {
+      std::cerr << "rank " << pg.rank() << ": " << got[i].first << " is not what the checkpoint holds\n";
+      bad = 1;
+    }
+  }
+  return bad;
+}
+
 int rank_main(const std::string& strategy) {
   if (strategy == "scaler") return scaler_rank_main();
+  if (strategy == "chunks") return chunks_rank_main();
   std::map<std::string, std::string> env;
   for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = std::getenv(k);
   fsdp::ProcessGroup pg(*fsdp::Rendezvous::from_environment(env), fsdp::Backend::kGloo, std::chrono::seconds(60));
@@ -453,6 +505,16 @@ bool ranks_with(const std::string& strategy, int world, const std::vector<std::p
 
 TEST_CASE("fsdp: 3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps", "[fsdp]") {
   CHECK(save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3));
+}
+
+TEST_CASE("fsdp: a checkpoint chunked along dim 1 loads at world size 2 and 3, each rank reading its rows", "[fsdp]") {
+  char tmpl[] = "/tmp/fsdp-chunks-XXXXXX";
+  const std::filesystem::path dir = std::filesystem::path(::mkdtemp(tmpl)) / "ckpt";
+  chunks_checkpoint(dir);
+  for (int world : {2, 3}) {
+    SECTION(std::to_string(world) + " ranks") { CHECK(ranks_with("chunks", world, {{"FSDP_TEST_LOAD_DIR", dir.c_str()}})); }
+  }
+  std::filesystem::remove_all(dir.parent_path());
 }
 
 TEST_CASE("fsdp: ShardedGradScaler at world size 2 skips a step with an inf on one rank, halves and doubles the scale", "[fsdp]") {

@@ -579,12 +579,35 @@ class Trainer {
 
   // A new run from weights: the model's parameters only; the optimizer and the step start afresh.
   void init_from() {
-    try {
-      strategy_.load_weights(c_.init_from, fsdp_, c_.init_key, c_.init_renames, !c_.init_non_strict);
-    } catch (const fsdp::Error& e) {
-      throw std::runtime_error(std::string(e.what()) + "; with fsdp-train: --init-key, --init-rename, --init-non-strict");
-    }
-    say("starting from the weights in " + c_.init_from);
+    const std::uint64_t read = bytes_read_by_all([&] {
+      try {
+        strategy_.load_weights(c_.init_from, fsdp_, c_.init_key, c_.init_renames, !c_.init_non_strict);
+      } catch (const fsdp::Error& e) {
+        throw std::runtime_error(std::string(e.what()) + "; with fsdp-train: --init-key, --init-rename, --init-non-strict");
+      }
+    });
+    say("starting from the weights in " + c_.init_from + " (the ranks read " + std::to_string(read) + " B of it together)");
+  }
+
+  // What all ranks read together while `load` runs (each one's /proc/self/io rchar, every byte its
+  // read calls returned): a load reads each rank's part, so about the checkpoint's size in all.
+  // 0 where /proc is not there. A collective.
+  template <class Load>
+  std::uint64_t bytes_read_by_all(Load&& load) {
+    auto rchar = [] {
+      std::ifstream io("/proc/self/io");
+      std::string key;
+      std::uint64_t value = 0;
+      while (io >> key >> value) {
+        if (key == "rchar:") return value;
+      }
+      return std::uint64_t{0};
+    };
+    const std::uint64_t before = rchar();
+    load();
+    torch::Tensor n = torch::tensor({static_cast<double>(rchar() - before)}, torch::kFloat64);
+    pg_.all_reduce(n, fsdp::ReduceOp::kSum);
+    return static_cast<std::uint64_t>(n.item<double>());
   }
 
   std::int64_t resume() {
@@ -624,7 +647,8 @@ class Trainer {
     // Strict for the model (every parameter, nothing else under model.*); the rest (step, config)
     // comes back as what was saved besides: a PyTorch or Lightning checkpoint may lack it.
     fsdp::State state{{"model", &fsdp_}, {"optimizer", &opt_}};
-    const pk::ValuePtr meta = strategy_.load_checkpoint(path, state, /*strict=*/true);
+    pk::ValuePtr meta;
+    const std::uint64_t read = bytes_read_by_all([&] { meta = strategy_.load_checkpoint(path, state, /*strict=*/true); });
     check_same_model(c_, meta, path);
     warn_if_schedule_changed(meta);
     std::int64_t step = opt_.steps();
@@ -636,7 +660,7 @@ class Trainer {
       const double* value = scale ? scale->get_if<double>() : nullptr;
       if (value && tracker && tracker->int64()) scaler->load(*value, *tracker->int64());
     }
-    say("resumed from " + path.string() + " at step " + std::to_string(step));
+    say("resumed from " + path.string() + " at step " + std::to_string(step) + " (the ranks read " + std::to_string(read) + " B of it together)");
     return step;
   }
 

@@ -69,8 +69,9 @@ struct LoadOptions {
 /// from a torch.save file (save_full's, Lightning's full or consolidated checkpoint, whose
 /// top-level object is then what is returned), or from any weights libckpt reads (safetensors, a
 /// Hugging Face folder, HDF5):
-/// each parameter `<key>.<parameter>` is assembled from whatever chunks hold it and this rank
-/// keeps its slice of each unit. Every parameter must be there with its shape; a dtype that differs
+/// of each parameter `<key>.<parameter>` this rank reads only the rows that hold its slice of the
+/// unit, from whatever chunks hold them (all ranks together read about the checkpoint's size;
+/// bench/fsdp_load measures it). Every parameter must be there with its shape; a dtype that differs
 /// is cast as copy_ casts. Returns the object `meta.pt` holds (null when there is none). Throws
 /// fsdp::Error naming the file and what is wrong. Collective-free (each rank reads for itself),
 /// but every rank must call it before the next forward.

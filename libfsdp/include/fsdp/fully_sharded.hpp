@@ -110,6 +110,19 @@ class FlatUnit {
   /// order, any shape that matches): the inverse of unflatten, without communication.
   torch::Tensor flatten_slice(const std::vector<torch::Tensor>& values) const;
 
+  /// What this rank's slice holds of each parameter: elements [begin, end) of its flattened value
+  /// (begin == end: none), params() order. A load reads only these.
+  struct Range {
+    std::int64_t begin = 0, end = 0;
+  };
+  std::vector<Range> slice_ranges() const;
+  /// Writes `pieces[i]`, params()[i]'s elements over slice_ranges()[i] (flat, any dtype: cast),
+  /// into `slice`, a tensor laid out as shard(); an undefined piece, and an alias's, leave its
+  /// place as it is.
+  void put_pieces(torch::Tensor& slice, const std::vector<torch::Tensor>& pieces) const;
+  /// load_full from pieces: this rank's slice set by put_pieces, what no piece covers kept.
+  void load_pieces(const std::vector<torch::Tensor>& pieces);
+
   /// Each parameter's gradient accumulator (an alias: none), made while the parameter has its full
   /// shape and compute dtype, which autograd checks every gradient against for as long as the
   /// accumulator lives; a hook on it then serves every step. Keep them alive.
@@ -212,6 +225,13 @@ class FullyShardedSequential {
   /// Every parameter's full value by FQN, in the model's order (gathered from every rank; a
   /// collective, so every rank calls it).
   std::vector<std::pair<std::string, torch::Tensor>> full_state_dict();
+  /// The same one unit at a time, in the units' order: `fn(fqn, full value)` for each parameter of
+  /// a unit, whose full values are freed before the next unit is gathered (what a sharded save
+  /// needs: never the whole model at once). A collective.
+  void visit_full_state(const std::function<void(const std::string& fqn, const torch::Tensor& value)>& fn);
+  /// `fqns` (parameters' names) sorted in the model's order, full_state_dict()'s (a wrap policy's
+  /// root unit holds leaves from both ends, so it is not the units' order).
+  std::vector<std::string> in_model_order(std::vector<std::string> fqns) const;
   /// Bytes of parameters and gradients this rank holds between steps (its shards and their
   /// gradients), and of the whole model's parameters unsharded: that sharding is real.
   struct Bytes {
