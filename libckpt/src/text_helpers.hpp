@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Small text helpers shared by the inspect operations: shapes, padded columns, glob matching.
+// Small text helpers shared by the operations: shapes, padded columns, dotted names, glob matching.
 #pragma once
 
 #include <fnmatch.h>
@@ -30,6 +30,19 @@ inline void append_padded(std::string& out, std::string_view t, std::size_t n) {
   const std::size_t w = text_width(t);
   out.append(t);
   out.append(w >= n ? 1 : n - w + 1, ' ');
+}
+
+/// The parts of a dotted name ("a.b.c": a, b, c; an empty part where two dots meet).
+inline std::vector<std::string> split_dots(std::string_view name) {
+  std::vector<std::string> out(1);
+  for (const char ch : name) {
+    if (ch == '.') {
+      out.emplace_back();
+    } else {
+      out.back() += ch;
+    }
+  }
+  return out;
 }
 
 /// `b` as two lowercase hex digits.

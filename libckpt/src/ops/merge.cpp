@@ -142,17 +142,6 @@ Node& Node::at(std::size_t i) {
 std::span<std::pair<PackedKey, Node>> Node::dict() const { return c ? std::span(c->dict) : std::span<std::pair<PackedKey, Node>>(); }
 std::span<Node> Node::list() const { return c ? std::span(c->list) : std::span<Node>(); }
 
-std::vector<std::string> split_dots(const std::string& name) {
-  std::vector<std::string> out(1);
-  for (const char ch : name) {
-    if (ch == '.') {
-      out.emplace_back();
-    } else {
-      out.back() += ch;
-    }
-  }
-  return out;
-}
 
 std::string path_text(const std::vector<Key>& path) {
   std::string s;
@@ -744,7 +733,7 @@ class Merger {
       if (!renames_.empty() && !l.flat && o_.layout != MergeLayout::kFlat) {
         std::string joined;
         for (const std::string& p : path) joined += (joined.empty() ? "" : ".") + p;
-        path = split_dots(renames_.claim(joined, output_.string()));
+        path = detail::split_dots(renames_.claim(joined, output_.string()));
       }
       datasets.push_back({std::move(path), l.out, l.tensor->shape});
       leaves.push_back(&l);

@@ -141,13 +141,13 @@ class Sharder {
     if (path.size() == 1) {
       path = {pk::make_str(name)};
     } else {
+      const std::vector<std::string> pieces = detail::split_dots(name);
       std::vector<ValuePtr> keys;
-      std::size_t from = 0;
+      std::size_t at = 0;
       for (const std::size_t n : group) {
-        std::size_t to = from;
-        for (std::size_t i = 0; i < n; ++i) to = name.find('.', to) == std::string::npos ? name.size() : name.find('.', to) + 1;
-        keys.push_back(pk::make_str(name.substr(from, (to == name.size() ? to : to - 1) - from)));
-        from = to;
+        std::string key;
+        for (std::size_t i = 0; i < n; ++i) key += (i ? "." : "") + pieces[at++];
+        keys.push_back(pk::make_str(std::move(key)));
       }
       path = std::move(keys);
     }
