@@ -330,17 +330,6 @@ void FlatUnit::finish_reduction() {
   add_grad(mine);
 }
 
-void FlatUnit::load_full(const std::vector<torch::Tensor>& values) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor mine = flatten_slice(values);
-  release();
-  shard_.detach().copy_(mine);
-  if (strategy_ == ShardingStrategy::kNoShard) {
-    full_ = torch::Tensor();
-    gather();
-  }
-}
-
 std::vector<torch::Tensor> FlatUnit::unflatten(const torch::Tensor& slice) {
   torch::NoGradGuard no_grad;
   if (slice.numel() != shard_.numel()) throw Error("unflatten: " + std::to_string(slice.numel()) + " elements for a slice of " + std::to_string(shard_.numel()));
@@ -352,19 +341,6 @@ std::vector<torch::Tensor> FlatUnit::unflatten(const torch::Tensor& slice) {
   std::vector<torch::Tensor> out;
   for (const Param& p : params_) out.push_back(full.narrow(0, p.offset, p.numel).view(p.shape).clone());
   return out;
-}
-
-torch::Tensor FlatUnit::flatten_slice(const std::vector<torch::Tensor>& values) const {
-  torch::NoGradGuard no_grad;
-  if (values.size() != params_.size()) throw Error("load: " + std::to_string(values.size()) + " values for " + std::to_string(params_.size()) + " parameters");
-  torch::Tensor flat = torch::zeros({padded_}, shard_.options().requires_grad(false));
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (values[i].sizes().vec() != params_[i].shape) throw Error("load: '" + params_[i].fqn + "' has another shape in the checkpoint");
-    flat.narrow(0, params_[i].offset, params_[i].numel).copy_(values[i].reshape({-1}));
-  }
-  const std::int64_t n = shard_.numel();
-  const std::int64_t rank = strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank();
-  return flat.narrow(0, rank * n, n).clone();
 }
 
 std::vector<FlatUnit::Range> FlatUnit::slice_ranges() const {

@@ -99,17 +99,10 @@ class FlatUnit {
   torch::Tensor take_gradients();
   /// Adds `slice` (laid out as shard(), any dtype: cast to the shard's) to shard().grad().
   void add_grad(const torch::Tensor& slice);
-  /// Sets every parameter's full value (`values[i]` for params()[i], any world size's
-  /// checkpoint); this rank keeps its slice. The full values are released.
-  void load_full(const std::vector<torch::Tensor>& values);
   /// Every parameter's full value of a tensor laid out as shard() is (an optimizer moment: this
   /// rank's slice of a flat buffer), in params() order: all-gathered, then split by parameter.
   /// A collective (but not with NO_SHARD, where `slice` is the whole buffer).
   std::vector<torch::Tensor> unflatten(const torch::Tensor& slice);
-  /// This rank's slice of the flat buffer whose parameters hold `values` (full values, params()
-  /// order, any shape that matches): the inverse of unflatten, without communication.
-  torch::Tensor flatten_slice(const std::vector<torch::Tensor>& values) const;
-
   /// What this rank's slice holds of each parameter: elements [begin, end) of its flattened value
   /// (begin == end: none), params() order. A load reads only these.
   struct Range {
@@ -120,7 +113,8 @@ class FlatUnit {
   /// into `slice`, a tensor laid out as shard(); an undefined piece, and an alias's, leave its
   /// place as it is.
   void put_pieces(torch::Tensor& slice, const std::vector<torch::Tensor>& pieces) const;
-  /// load_full from pieces: this rank's slice set by put_pieces, what no piece covers kept.
+  /// Sets this rank's slice from `pieces` (put_pieces: what no piece covers is kept), the values
+  /// of any world size's checkpoint. The full values are released.
   void load_pieces(const std::vector<torch::Tensor>& pieces);
 
   /// Each parameter's gradient accumulator (an alias: none), made while the parameter has its full
