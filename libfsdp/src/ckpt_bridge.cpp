@@ -122,59 +122,40 @@ ckpt::pickle::ValuePtr param_groups(const ShardedOptimizer& optimizer, const std
   return pk::make_list({pk::make_dict(std::move(g))});
 }
 
-/// A tensor of the checkpoint, whole: assembled from every chunk that holds part of it.
-torch::Tensor read_full(const ckpt::ChunkReader& reader, const ckpt::TensorEntry* t, const std::string& fqn,
-                        const std::vector<std::int64_t>& shape, const std::string& who) {
-  if (!t) throw Error(who + ": it has no '" + fqn + "'");
-  if (t->shape != shape) throw Error(who + ": '" + t->name + "' has another shape than the model's");
-  const c10::ScalarType dtype = from_ckpt(t->dtype, who + ": '" + t->name + "'");
-  torch::Tensor full = torch::empty(t->shape, torch::TensorOptions().dtype(dtype));
-  for (const ckpt::Chunk& chunk : t->chunks) {
-    if (ckpt::box_volume(chunk.sizes) == 0) continue;
-    const ckpt::ChunkData d = reader.read(*t, chunk);
-    // The chunk's elements as a strided view over its bytes, copied into its box.
-    std::int64_t last = d.storage_offset;
-    for (std::size_t i = 0; i < d.shape.size(); ++i) last += (d.shape[i] - 1) * d.strides[i];
-    std::vector<std::byte> bytes(static_cast<std::size_t>(last + 1) * ckpt::element_size(t->dtype));
-    d.storage->read_at(0, bytes);
-    torch::Tensor src = torch::from_blob(bytes.data(), {last + 1}, torch::TensorOptions().dtype(dtype)).as_strided(d.shape, d.strides, d.storage_offset);
-    torch::Tensor dst = full;
-    for (std::size_t i = 0; i < chunk.sizes.size(); ++i) dst = dst.narrow(static_cast<std::int64_t>(i), chunk.offsets[i], chunk.sizes[i]);
-    dst.copy_(src);
-  }
-  return full;
-}
-
 /// Elements [begin, end) of a tensor of the checkpoint, flattened in C order: read from the chunks
-/// that hold the rows they lie in, and of each chunk only the bytes of those rows.
+/// that hold the rows they lie in, and of each chunk only the bytes of those rows (a 0-d tensor:
+/// its one element).
 torch::Tensor read_range(const ckpt::ChunkReader& reader, const ckpt::TensorEntry* t, const std::string& fqn,
                          const std::vector<std::int64_t>& shape, std::int64_t begin, std::int64_t end, const std::string& who) {
   if (!t) throw Error(who + ": it has no '" + fqn + "'");
   if (t->shape != shape) throw Error(who + ": '" + t->name + "' has another shape than the model's");
-  if (shape.empty()) return read_full(reader, t, fqn, shape, who).reshape({-1}).narrow(0, begin, end - begin);
   const c10::ScalarType dtype = from_ckpt(t->dtype, who + ": '" + t->name + "'");
   const std::size_t es = ckpt::element_size(t->dtype);
+  const bool scalar = shape.empty();
   std::int64_t row = 1;
   for (std::size_t i = 1; i < shape.size(); ++i) row *= shape[i];
   if (row == 0 || begin == end) return torch::empty({end - begin}, torch::TensorOptions().dtype(dtype));
-  const std::int64_t r0 = begin / row, r1 = (end + row - 1) / row;  // the rows [r0, r1) hold the range
+  const std::int64_t r0 = begin / row, r1 = scalar ? 1 : (end + row - 1) / row;  // the rows [r0, r1) hold the range
   std::vector<std::int64_t> band_shape = shape;
-  band_shape[0] = r1 - r0;
+  if (!scalar) band_shape[0] = r1 - r0;
   torch::Tensor band = torch::empty(band_shape, torch::TensorOptions().dtype(dtype));
   for (const ckpt::Chunk& chunk : t->chunks) {
-    const std::int64_t lo = std::max(chunk.offsets[0], r0), hi = std::min(chunk.offsets[0] + chunk.sizes[0], r1);
+    const std::int64_t lo = scalar ? 0 : std::max(chunk.offsets[0], r0), hi = scalar ? 1 : std::min(chunk.offsets[0] + chunk.sizes[0], r1);
     if (lo >= hi || ckpt::box_volume(chunk.sizes) == 0) continue;
     const ckpt::ChunkData d = reader.read(*t, chunk);
     // The chunk's rows [lo, hi) as a strided view over the span of its bytes that holds them.
     std::vector<std::int64_t> sizes = d.shape;
-    sizes[0] = hi - lo;
-    const std::int64_t first = d.storage_offset + (lo - chunk.offsets[0]) * d.strides[0];
+    std::int64_t first = d.storage_offset;
+    if (!scalar) {
+      sizes[0] = hi - lo;
+      first += (lo - chunk.offsets[0]) * d.strides[0];
+    }
     std::int64_t last = first;
     for (std::size_t i = 0; i < sizes.size(); ++i) last += (sizes[i] - 1) * d.strides[i];
     std::vector<std::byte> bytes(static_cast<std::size_t>(last - first + 1) * es);
     d.storage->read_at(static_cast<std::uint64_t>(first) * es, bytes);
     torch::Tensor src = torch::from_blob(bytes.data(), {last - first + 1}, torch::TensorOptions().dtype(dtype)).as_strided(sizes, d.strides, 0);
-    torch::Tensor dst = band.narrow(0, lo - r0, hi - lo);
+    torch::Tensor dst = scalar ? band : band.narrow(0, lo - r0, hi - lo);
     for (std::size_t i = 1; i < chunk.sizes.size(); ++i) dst = dst.narrow(static_cast<std::int64_t>(i), chunk.offsets[i], chunk.sizes[i]);
     dst.copy_(src);
   }
@@ -428,7 +409,7 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
         unit->put_pieces(o.optimizer->buffer(u, b), pieces([&](const FlatUnit::Param& p) { return o.optimizer_key + ".state." + p.fqn + "." + b; }, true));
       }
       const std::string step = o.optimizer_key + ".state." + unit->params().front().fqn + ".step";
-      if (const ckpt::TensorEntry* t = c.find_tensor(step)) steps = static_cast<std::int64_t>(read_full(reader, t, step, {}, who).item<double>());
+      if (const ckpt::TensorEntry* t = c.find_tensor(step)) steps = static_cast<std::int64_t>(read_range(reader, t, step, {}, 0, 1, who).item<double>());
     }
     if (o.optimizer) o.optimizer->set_steps(steps.value_or(0));
     if (c.format == ckpt::Format::kTorchSave) {
