@@ -93,33 +93,38 @@ ckpt::pickle::ValuePtr path_of(std::initializer_list<std::string> keys) {
   return ckpt::pickle::make_tuple(std::move(out));
 }
 
-/// torch.optim's param_groups entry for the one group, with the parameters named by FQN as FSDP's
-/// optim_state_dict names them.
-ckpt::pickle::ValuePtr param_groups(const ShardedOptimizer& optimizer, const std::vector<std::string>& fqns) {
+/// torch.optim's param_groups, each group's parameters named by FQN as FSDP's optim_state_dict
+/// names them (those `kept` accepts).
+ckpt::pickle::ValuePtr param_groups(const ShardedOptimizer& optimizer, const std::function<bool(const std::string&)>& kept) {
   namespace pk = ckpt::pickle;
-  const OptimizerOptions& o = optimizer.options();
-  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> g;
-  auto put = [&](const std::string& k, pk::ValuePtr v) { g.emplace_back(pk::make_str(k), std::move(v)); };
-  put("lr", pk::make_float(optimizer.lr()));  // the current one, as torch's optimizer state holds it
-  if (o.kind == OptimizerKind::kAdamW) {
-    put("betas", pk::make_tuple({pk::make_float(o.beta1), pk::make_float(o.beta2)}));
-    put("eps", pk::make_float(o.eps));
-    put("weight_decay", pk::make_float(o.weight_decay));
-    put("amsgrad", pk::make_bool(false));
-  } else {
-    put("momentum", pk::make_float(o.momentum));
-    put("dampening", pk::make_int(0));
-    put("weight_decay", pk::make_float(o.weight_decay));
-    put("nesterov", pk::make_bool(false));
+  std::vector<pk::ValuePtr> out;
+  for (const ShardedOptimizer::Group& group : optimizer.groups()) {
+    std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> g;
+    auto put = [&](const std::string& k, pk::ValuePtr v) { g.emplace_back(pk::make_str(k), std::move(v)); };
+    put("lr", pk::make_float(group.lr));  // the current one, as torch's optimizer state holds it
+    if (optimizer.options().kind == OptimizerKind::kAdamW) {
+      put("betas", pk::make_tuple({pk::make_float(group.beta1), pk::make_float(group.beta2)}));
+      put("eps", pk::make_float(group.eps));
+      put("weight_decay", pk::make_float(group.weight_decay));
+      put("amsgrad", pk::make_bool(false));
+    } else {
+      put("momentum", pk::make_float(group.momentum));
+      put("dampening", pk::make_int(0));
+      put("weight_decay", pk::make_float(group.weight_decay));
+      put("nesterov", pk::make_bool(false));
+    }
+    put("maximize", pk::make_bool(false));
+    put("foreach", pk::make_none());
+    put("differentiable", pk::make_bool(false));
+    if (optimizer.scheduled()) put("initial_lr", pk::make_float(group.initial_lr));  // LambdaLR's, added after the defaults
+    std::vector<pk::ValuePtr> params;
+    for (const auto& f : group.params) {
+      if (!kept || kept(f)) params.push_back(pk::make_str(f));
+    }
+    put("params", pk::make_list(std::move(params)));
+    out.push_back(pk::make_dict(std::move(g)));
   }
-  put("maximize", pk::make_bool(false));
-  put("foreach", pk::make_none());
-  put("differentiable", pk::make_bool(false));
-  if (optimizer.scheduled()) put("initial_lr", pk::make_float(o.lr));  // LambdaLR's, added after the defaults
-  std::vector<pk::ValuePtr> params;
-  for (const auto& f : fqns) params.push_back(pk::make_str(f));
-  put("params", pk::make_list(std::move(params)));
-  return pk::make_list({pk::make_dict(std::move(g))});
+  return pk::make_list(std::move(out));
 }
 
 /// Elements [begin, end) of a tensor of the checkpoint, flattened in C order: read from the chunks
@@ -162,37 +167,29 @@ torch::Tensor read_range(const ckpt::ChunkReader& reader, const ckpt::TensorEntr
   return band.reshape({-1}).narrow(0, begin - r0 * row, end - begin);
 }
 
-// The optimizer state parameter by parameter, in the model's order: `step` (AdamW, a 0-d float32)
+// The optimizer state of each parameter it steps, unit by unit: `step` (AdamW, a 0-d float32)
 // and then every buffer as a full tensor; a tied parameter once, under its first name (as
-// torch.optim sees it: model.parameters() yields it once). Gathering a buffer is a collective, so
-// every rank calls this; `fn(param_fqn, {(name, tensor)...})` runs on every rank.
+// torch.optim sees it: model.parameters() yields it once), a frozen one not at all. Gathering a
+// buffer is a collective, so every rank calls this; `fn(param_fqn, {(name, tensor)...})` runs on
+// every rank.
 template <class Fn>
 void for_each_param_state(FullyShardedSequential& model, ShardedOptimizer& optimizer, Fn&& fn) {
   const bool has_step = optimizer.options().kind == OptimizerKind::kAdamW;
   for (std::size_t u = 0; u < model.units().size(); ++u) {
     const auto& unit = model.units()[u];
     if (!unit) continue;
+    auto stepped = [&](const FlatUnit::Param& p) { return p.alias_of < 0 && optimizer.group_of(p.fqn); };
+    if (std::none_of(unit->params().begin(), unit->params().end(), stepped)) continue;
     std::map<std::string, std::vector<torch::Tensor>> full;  // buffer -> per parameter
     for (const auto& b : optimizer.buffer_names()) full[b] = unit->unflatten(optimizer.buffer(u, b));  // collectives
     for (std::size_t i = 0; i < unit->params().size(); ++i) {
-      if (unit->params()[i].alias_of >= 0) continue;
+      if (!stepped(unit->params()[i])) continue;
       std::vector<std::pair<std::string, torch::Tensor>> state;
       if (has_step) state.emplace_back("step", torch::tensor(static_cast<float>(optimizer.steps())));
       for (auto& [b, values] : full) state.emplace_back(b, values[i]);
       fn(unit->params()[i].fqn, state);
     }
   }
-}
-
-/// The names param_groups lists: each parameter once (a tied one under its first name).
-bool optimized(const FullyShardedSequential& model, const std::string& fqn) {
-  for (const auto& unit : model.units()) {
-    if (!unit) continue;
-    for (const auto& p : unit->params()) {
-      if (p.fqn == fqn) return p.alias_of < 0;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -210,7 +207,6 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   options.world_size = world;
   options.overwrite = ckpt::Overwrite::kYes;
   torch::NoGradGuard no_grad;
-  std::vector<std::string> fqns;
   // One unit gathered at a time, this rank's pieces copied out of it; then in the model's order.
   std::map<std::string, ckpt::DcpWriteTensor> made;
   std::vector<std::string> names;
@@ -221,18 +217,16 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   for (const std::string& name : model.in_model_order(std::move(names))) {
     tensors.push_back(std::move(made.at(name)));
     options.planner_data.set(tensors.back().fqn, path_of({o.model_key, name}));
-    if (optimized(model, name)) fqns.push_back(name);
   }
-  if (o.optimizer) {
-    const std::string& key = o.optimizer_key;
-    for_each_param_state(model, *o.optimizer, [&](const std::string& p, const auto& state) {
+  for (const auto& [key, optimizer] : o.optimizers) {
+    for_each_param_state(model, *optimizer, [&](const std::string& p, const auto& state) {
       for (const auto& [b, t] : state) {
         const std::string fqn = key + ".state." + p + "." + b;
         tensors.push_back(chunked(fqn, t, piece, pieces));
         options.planner_data.set(fqn, path_of({key, "state", p, b}));
       }
     });
-    objects.push_back({key + ".param_groups", param_groups(*o.optimizer, fqns), 0});
+    objects.push_back({key + ".param_groups", param_groups(*optimizer, {}), 0});
     options.planner_data.set(key + ".param_groups", path_of({key, "param_groups"}));
   }
   try {
@@ -275,27 +269,23 @@ void save_full(const std::filesystem::path& file, FullyShardedSequential& model,
     return builder.tensor(storage, t.sizes().vec());
   };
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> model_items;
-  std::vector<std::string> fqns;
   auto kept = [&](const std::string& fqn) { return !o.model_filter || o.model_filter(fqn); };
   for (const auto& [name, t] : model.full_state_dict()) {  // a collective
-    if (!kept(name)) continue;
-    if (writer) model_items.emplace_back(pk::make_str(name), tensor_value(t));
-    if (optimized(model, name)) fqns.push_back(name);
+    if (writer && kept(name)) model_items.emplace_back(pk::make_str(name), tensor_value(t));
   }
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> root;
   if (o.meta && o.meta->dict_items()) root = *o.meta->dict_items();
   root.emplace_back(pk::make_str(o.model_key), pk::make_dict(std::move(model_items)));
-  if (o.optimizer) {
+  for (const auto& [key, optimizer] : o.optimizers) {
     std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> state;
-    for_each_param_state(model, *o.optimizer, [&](const std::string& p, const auto& buffers) {
+    for_each_param_state(model, *optimizer, [&](const std::string& p, const auto& buffers) {
       if (!writer || !kept(p)) return;
       std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> per;
       for (const auto& [b, t] : buffers) per.emplace_back(pk::make_str(b), tensor_value(t));
       state.emplace_back(pk::make_str(p), pk::make_dict(std::move(per)));
     });
-    root.emplace_back(pk::make_str(o.optimizer_key),
-                      pk::make_dict({{pk::make_str("state"), pk::make_dict(std::move(state))},
-                                     {pk::make_str("param_groups"), param_groups(*o.optimizer, fqns)}}));
+    root.emplace_back(pk::make_str(key), pk::make_dict({{pk::make_str("state"), pk::make_dict(std::move(state))},
+                                                        {pk::make_str("param_groups"), param_groups(*optimizer, kept)}}));
   }
   if (writer) {
     try {
@@ -369,6 +359,108 @@ void check_names_match(const FullyShardedSequential& model, const std::map<std::
   throw Error(message + " (load with strict = false to keep what is missing and ignore the rest)");
 }
 
+namespace pk = ckpt::pickle;
+
+// `dict[key]` for a str key, or null.
+pk::ValuePtr item_of(const pk::Value* dict, std::string_view key) {
+  const auto* items = dict ? dict->dict_items() : nullptr;
+  if (!items) return nullptr;
+  for (const auto& [k, v] : *items) {
+    if (k->str() && *k->str() == key) return v;
+  }
+  return nullptr;
+}
+
+std::optional<double> number(const pk::Value* v) {
+  if (!v) return std::nullopt;
+  if (const double* d = v->get_if<double>()) return *d;
+  if (const auto i = v->int64()) return static_cast<double>(*i);
+  return std::nullopt;
+}
+
+// The param_groups saved for the optimizer under `key`: a torch.save file's own (below `root`), an
+// object of that name (ours), or the leaves `<key>.param_groups.<i>.<field>` that PyTorch's
+// flatten_state_dict makes of them (dcp.save), put together again. Null when there are none.
+pk::ValuePtr saved_param_groups(const ckpt::Checkpoint& c, const ckpt::ChunkReader& reader, const pk::Value* root, const std::string& key) {
+  if (root) return item_of(item_of(root, key).get(), "param_groups");
+  const std::string whole = key + ".param_groups", prefix = whole + ".";
+  std::map<std::int64_t, std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>>> groups;
+  for (const ckpt::ObjectEntry& o : c.objects) {
+    if (o.name == whole) return reader.object_value(o);
+    if (!o.name.starts_with(prefix)) continue;
+    const std::string rest = o.name.substr(prefix.size());
+    const std::size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0 || !std::all_of(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(dot), ::isdigit)) continue;
+    groups[std::stoll(rest.substr(0, dot))].emplace_back(pk::make_str(rest.substr(dot + 1)), reader.object_value(o));
+  }
+  if (groups.empty()) return nullptr;
+  std::vector<pk::ValuePtr> list;
+  for (auto& [i, fields] : groups) list.push_back(pk::make_dict(std::move(fields)));
+  return pk::make_list(std::move(list));
+}
+
+// Matches the checkpoint's param_groups (`saved`, null: none) with the optimizer's: as many
+// groups, each holding the same parameters, named by FQN or by torch.optim's integer ids (which
+// number the groups' parameters in order, what FSDP's _rekey_optimizer_state_if_needed maps to
+// names); restores each group's hyperparameters. Returns how the checkpoint's state names each
+// parameter the optimizer steps (its FQN, or its id). Throws fsdp::Error for another grouping.
+std::map<std::string, std::string> restore_param_groups(ShardedOptimizer& optimizer, const pk::ValuePtr& saved, const std::string& who,
+                                                        const std::string& key) {
+  std::map<std::string, std::string> state_names;
+  std::vector<std::string> by_id;  // torch.optim's ids: the groups' parameters in order
+  for (const ShardedOptimizer::Group& g : optimizer.groups()) by_id.insert(by_id.end(), g.params.begin(), g.params.end());
+  for (const std::string& fqn : by_id) {
+    if (optimizer.group_of(fqn)) state_names.emplace(fqn, fqn);
+  }
+  if (!saved) return state_names;
+  const std::string where = who + ": optimizer '" + key + "'";
+  const auto* groups = saved->sequence();
+  if (!groups) throw Error(where + ": its param_groups is a " + saved->type_name() + ", not a list");
+  if (groups->size() != optimizer.groups().size()) {
+    throw Error(where + " has " + std::to_string(groups->size()) + " parameter groups, this optimizer " +
+                std::to_string(optimizer.groups().size()) + ": its state is for another grouping of the parameters");
+  }
+  for (std::size_t i = 0; i < groups->size(); ++i) {
+    const pk::Value* g = (*groups)[i].get();
+    ShardedOptimizer::Group mine = optimizer.groups()[i];
+    const pk::ValuePtr params = item_of(g, "params");
+    if (!params || !params->sequence()) throw Error(where + ": parameter group " + std::to_string(i) + " lists no params");
+    std::set<std::string> there;
+    for (const pk::ValuePtr& p : *params->sequence()) {
+      if (p->str()) {
+        there.insert(*p->str());
+      } else if (const auto id = p->int64(); id && *id >= 0 && static_cast<std::size_t>(*id) < by_id.size()) {
+        there.insert(by_id[static_cast<std::size_t>(*id)]);
+        state_names[by_id[static_cast<std::size_t>(*id)]] = std::to_string(*id);
+      } else {
+        throw Error(where + ": parameter group " + std::to_string(i) + " lists " + p->type_name() +
+                    (p->int64() ? " " + std::to_string(*p->int64()) : std::string()) + ", which names no parameter of this optimizer");
+      }
+    }
+    const std::set<std::string> here(mine.params.begin(), mine.params.end());
+    if (there != here) {
+      std::vector<std::string> only_there, only_here;
+      std::set_difference(there.begin(), there.end(), here.begin(), here.end(), std::back_inserter(only_there));
+      std::set_difference(here.begin(), here.end(), there.begin(), there.end(), std::back_inserter(only_here));
+      throw Error(where + ": parameter group " + std::to_string(i) + " holds other parameters than this optimizer's" +
+                  (only_there.empty() ? std::string() : "; there, not here: " + some_of(only_there)) +
+                  (only_here.empty() ? std::string() : "; here, not there: " + some_of(only_here)) +
+                  " (its state is for another grouping of the parameters)");
+    }
+    if (const auto v = number(item_of(g, "lr").get())) mine.lr = *v;
+    if (const auto v = number(item_of(g, "initial_lr").get())) mine.initial_lr = *v;
+    if (const auto v = number(item_of(g, "weight_decay").get())) mine.weight_decay = *v;
+    if (const auto v = number(item_of(g, "eps").get())) mine.eps = *v;
+    if (const auto v = number(item_of(g, "momentum").get())) mine.momentum = *v;
+    if (const pk::ValuePtr betas = item_of(g, "betas"); betas && betas->sequence() && betas->sequence()->size() == 2) {
+      mine.beta1 = number((*betas->sequence())[0].get()).value_or(mine.beta1);
+      mine.beta2 = number((*betas->sequence())[1].get()).value_or(mine.beta2);
+    }
+    optimizer.set_group(i, mine);
+  }
+  return state_names;
+}
+
 }  // namespace
 
 ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group,
@@ -385,38 +477,61 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       return it == found.end() ? nullptr : it->second;
     };
     torch::NoGradGuard no_grad;
-    std::optional<std::int64_t> steps;
-    for (std::size_t u = 0; u < model.units().size(); ++u) {
-      const auto& unit = model.units()[u];
-      if (!unit) continue;
-      // Each rank reads only what its slice holds of each parameter (an alias shares its
-      // original's place); a parameter the checkpoint lacks (not strict) keeps its value.
-      const std::vector<FlatUnit::Range> ranges = unit->slice_ranges();
-      auto pieces = [&](const std::function<std::string(const FlatUnit::Param&)>& name, bool required) {
-        std::vector<torch::Tensor> out;
-        for (std::size_t i = 0; i < unit->params().size(); ++i) {
-          const FlatUnit::Param& p = unit->params()[i];
-          const std::string fqn = name(p);
-          const ckpt::TensorEntry* t = required ? c.find_tensor(fqn) : find(p.fqn);
-          const bool skip = p.alias_of >= 0 || ranges[i].begin == ranges[i].end || (!required && !t);
-          out.push_back(skip ? torch::Tensor() : read_range(reader, t, fqn, p.shape, ranges[i].begin, ranges[i].end, who));
-        }
-        return out;
-      };
-      unit->load_pieces(pieces([&](const FlatUnit::Param& p) { return p.fqn; }, false));
-      if (!o.optimizer) continue;
-      for (const auto& b : o.optimizer->buffer_names()) {
-        unit->put_pieces(o.optimizer->buffer(u, b), pieces([&](const FlatUnit::Param& p) { return o.optimizer_key + ".state." + p.fqn + "." + b; }, true));
-      }
-      const std::string step = o.optimizer_key + ".state." + unit->params().front().fqn + ".step";
-      if (const ckpt::TensorEntry* t = c.find_tensor(step)) steps = static_cast<std::int64_t>(read_range(reader, t, step, {}, 0, 1, who).item<double>());
-    }
-    if (o.optimizer) o.optimizer->set_steps(steps.value_or(0));
     if (c.format == ckpt::Format::kTorchSave) {
       meta = ckpt::read_torch_save(ckpt::open_file(dir)).root;
     } else if (ckpt::is_dcp(c.format) && std::filesystem::exists(dir / "meta.pt")) {
       meta = ckpt::read_torch_save(ckpt::open_file(dir / "meta.pt")).root;
     }
+    // Each optimizer's groups first: how its state names each parameter.
+    std::vector<std::map<std::string, std::string>> state_names;
+    for (const auto& [key, optimizer] : o.optimizers) {
+      const pk::ValuePtr saved = saved_param_groups(c, reader, c.format == ckpt::Format::kTorchSave ? meta.get() : nullptr, key);
+      state_names.push_back(restore_param_groups(*optimizer, saved, who, key));
+    }
+    std::vector<std::optional<std::int64_t>> steps(o.optimizers.size());
+    for (std::size_t u = 0; u < model.units().size(); ++u) {
+      const auto& unit = model.units()[u];
+      if (!unit) continue;
+      // Each rank reads only what its slice holds of each parameter (an alias shares its
+      // original's place); a parameter the checkpoint lacks (not strict) keeps its value, one
+      // without optimizer state keeps its zeros there.
+      const std::vector<FlatUnit::Range> ranges = unit->slice_ranges();
+      auto pieces = [&](const std::function<const ckpt::TensorEntry*(const FlatUnit::Param&, std::string& name)>& entry) {
+        std::vector<torch::Tensor> out;
+        for (std::size_t i = 0; i < unit->params().size(); ++i) {
+          const FlatUnit::Param& p = unit->params()[i];
+          std::string name;
+          const ckpt::TensorEntry* t = p.alias_of >= 0 || ranges[i].begin == ranges[i].end ? nullptr : entry(p, name);
+          out.push_back(name.empty() ? torch::Tensor() : read_range(reader, t, name, p.shape, ranges[i].begin, ranges[i].end, who));
+        }
+        return out;
+      };
+      unit->load_pieces(pieces([&](const FlatUnit::Param& p, std::string& name) {
+        const ckpt::TensorEntry* t = find(p.fqn);
+        if (t) name = p.fqn;
+        return t;
+      }));
+      for (std::size_t k = 0; k < o.optimizers.size(); ++k) {
+        const auto& [key, optimizer] = o.optimizers[k];
+        // The state's name of parameter p's `b` ("" for a parameter without state: none).
+        auto state = [&, &key = key](const FlatUnit::Param& p, const std::string& b) {
+          const auto it = state_names[k].find(p.fqn);
+          return it == state_names[k].end() ? std::string() : key + ".state." + it->second + "." + b;
+        };
+        for (const auto& b : optimizer->buffer_names()) {
+          unit->put_pieces(optimizer->buffer(u, b), pieces([&](const FlatUnit::Param& p, std::string& name) {
+            name = state(p, b);
+            return name.empty() ? nullptr : c.find_tensor(name);  // required: read_range names what is missing
+          }));
+        }
+        for (const FlatUnit::Param& p : unit->params()) {
+          const std::string step = state(p, "step");
+          const ckpt::TensorEntry* t = step.empty() || steps[k] ? nullptr : c.find_tensor(step);
+          if (t) steps[k] = static_cast<std::int64_t>(read_range(reader, t, step, {}, 0, 1, who).item<double>());
+        }
+      }
+    }
+    for (std::size_t k = 0; k < o.optimizers.size(); ++k) o.optimizers[k].optimizer->set_steps(steps[k].value_or(0));
   } catch (const ckpt::Error& e) {
     throw Error(who, e);
   }

@@ -343,9 +343,10 @@ std::vector<torch::Tensor> FlatUnit::unflatten(const torch::Tensor& slice) {
   return out;
 }
 
+std::int64_t FlatUnit::slice_begin() const noexcept { return (strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank()) * shard_.numel(); }
+
 std::vector<FlatUnit::Range> FlatUnit::slice_ranges() const {
-  const std::int64_t n = shard_.numel();
-  const std::int64_t lo = (strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank()) * n, hi = lo + n;
+  const std::int64_t lo = slice_begin(), hi = lo + shard_.numel();
   std::vector<Range> out;
   for (const Param& p : params_) {
     const std::int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
@@ -358,7 +359,7 @@ void FlatUnit::put_pieces(torch::Tensor& slice, const std::vector<torch::Tensor>
   torch::NoGradGuard no_grad;
   if (pieces.size() != params_.size()) throw Error("load: " + std::to_string(pieces.size()) + " pieces for " + std::to_string(params_.size()) + " parameters");
   if (slice.numel() != shard_.numel()) throw Error("load: a slice of " + std::to_string(slice.numel()) + " elements, the shard has " + std::to_string(shard_.numel()));
-  const std::int64_t lo = (strategy_ == ShardingStrategy::kNoShard ? 0 : group_.rank()) * shard_.numel();
+  const std::int64_t lo = slice_begin();
   const std::vector<Range> ranges = slice_ranges();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Range r = ranges[i];

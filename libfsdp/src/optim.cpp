@@ -15,8 +15,107 @@ OptimizerKind optimizer_from_string(std::string_view name) {
   throw Error("unknown optimizer '" + std::string(name) + "' (adamw or sgd)");
 }
 
+namespace {
+
+// The model's parameters by FQN, each once (a tied weight under its first name), in the model's order.
+std::vector<const FlatUnit::Param*> model_params(const FullyShardedSequential& model) {
+  std::map<std::string, const FlatUnit::Param*> by_name;
+  std::vector<std::string> names;
+  for (const auto& unit : model.units()) {
+    if (!unit) continue;
+    for (const auto& p : unit->params()) {
+      if (p.alias_of >= 0) continue;
+      by_name.emplace(p.fqn, &p);
+      names.push_back(p.fqn);
+    }
+  }
+  std::vector<const FlatUnit::Param*> out;
+  for (const std::string& n : model.in_model_order(std::move(names))) out.push_back(by_name.at(n));
+  return out;
+}
+
+bool trainable(const FlatUnit::Param& p) { return p.tensor.requires_grad(); }
+
+}  // namespace
+
+std::vector<ParamGroup> decay_groups(const FullyShardedSequential& model, double weight_decay,
+                                     const std::function<bool(const std::string& fqn)>& no_decay) {
+  ParamGroup decay, rest;
+  decay.weight_decay = weight_decay;
+  rest.weight_decay = 0.0;
+  for (const FlatUnit::Param* p : model_params(model)) {
+    if (!trainable(*p)) continue;
+    const bool decays = p->shape.size() >= 2 && !(no_decay && no_decay(p->fqn));
+    (decays ? decay : rest).params.push_back(p->fqn);
+  }
+  return {decay, rest};
+}
+
 ShardedOptimizer::ShardedOptimizer(FullyShardedSequential& model, OptimizerOptions options)
-    : model_(model), options_(options), buffers_(model.units().size()) {}
+    : model_(model), options_(std::move(options)), buffers_(model.units().size()) {
+  const std::vector<const FlatUnit::Param*> params = model_params(model_);
+  std::map<std::string, const FlatUnit::Param*> known;
+  for (const FlatUnit::Param* p : params) known.emplace(p->fqn, p);
+  std::vector<ParamGroup> given = options_.groups;
+  if (given.empty()) {
+    given.emplace_back();
+    for (const FlatUnit::Param* p : params) {
+      if (trainable(*p)) given.front().params.push_back(p->fqn);
+    }
+  }
+  std::map<std::string, std::size_t> listed;
+  for (std::size_t i = 0; i < given.size(); ++i) {
+    const ParamGroup& g = given[i];
+    const OptimizerOptions& o = options_;
+    groups_.push_back({g.params, g.lr.value_or(o.lr), g.lr.value_or(o.lr), g.weight_decay.value_or(o.weight_decay),
+                       g.beta1.value_or(o.beta1), g.beta2.value_or(o.beta2), g.eps.value_or(o.eps), g.momentum.value_or(o.momentum)});
+    for (const std::string& fqn : g.params) {
+      const auto it = known.find(fqn);
+      if (it == known.end()) throw Error("optimizer: parameter group " + std::to_string(i) + " names '" + fqn + "', which is not a parameter of the model");
+      if (const auto [at, fresh] = listed.emplace(fqn, i); !fresh) {
+        throw Error("optimizer: '" + fqn + "' is in parameter groups " + std::to_string(at->second) + " and " + std::to_string(i) +
+                    " (a parameter may be in one group only)");
+      }
+      if (trainable(*it->second)) group_of_.emplace(fqn, i);
+    }
+  }
+  // Each unit's slice as runs of one group; a frozen or unlisted parameter's elements are in none.
+  segments_.resize(model_.units().size());
+  for (std::size_t u = 0; u < model_.units().size(); ++u) {
+    const auto& unit = model_.units()[u];
+    if (!unit) continue;
+    const std::vector<FlatUnit::Range> ranges = unit->slice_ranges();
+    for (std::size_t i = 0; i < unit->params().size(); ++i) {
+      const FlatUnit::Param& p = unit->params()[i];
+      const auto g = group_of(p.fqn);
+      if (p.alias_of >= 0 || !g || ranges[i].begin == ranges[i].end) continue;
+      const Segment s{*g, p.offset + ranges[i].begin - unit->slice_begin(), ranges[i].end - ranges[i].begin};
+      std::vector<Segment>& runs = segments_[u];
+      if (!runs.empty() && runs.back().group == s.group && runs.back().begin + runs.back().length == s.begin) {
+        runs.back().length += s.length;
+      } else {
+        runs.push_back(s);
+      }
+    }
+  }
+}
+
+std::optional<std::size_t> ShardedOptimizer::group_of(const std::string& fqn) const {
+  const auto it = group_of_.find(fqn);
+  if (it == group_of_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ShardedOptimizer::set_lr(double lr) noexcept {
+  for (Group& g : groups_) g.lr = scaled(g, lr);
+  scheduled_ = true;
+}
+
+void ShardedOptimizer::set_group(std::size_t i, const Group& g) {
+  Group& mine = groups_.at(i);
+  if (g.params != mine.params) throw Error("optimizer: group " + std::to_string(i) + " would change its parameters");
+  mine = g;
+}
 
 void ShardedOptimizer::zero_grad() {
   for (const auto& unit : model_.units()) {
@@ -26,7 +125,9 @@ void ShardedOptimizer::zero_grad() {
 
 std::vector<std::string> ShardedOptimizer::buffer_names() const {
   if (options_.kind == OptimizerKind::kAdamW) return {"exp_avg", "exp_avg_sq"};
-  if (options_.momentum != 0.0) return {"momentum_buffer"};
+  for (const Group& g : groups_) {
+    if (g.momentum != 0.0) return {"momentum_buffer"};
+  }
   return {};
 }
 
@@ -74,40 +175,50 @@ std::int64_t ShardedOptimizer::state_bytes() const {
 }
 
 void ShardedOptimizer::step(double lr) {
+  for (Group& g : groups_) g.lr = scaled(g, lr);
+  step();
+}
+
+void ShardedOptimizer::step() {
   torch::NoGradGuard no_grad;
   ++steps_;
-  lr_ = lr;
-  const auto& o = options_;
-  for (std::size_t i = 0; i < model_.units().size(); ++i) {
-    const auto& unit = model_.units()[i];
-    if (!unit || !unit->shard().grad().defined()) continue;
-    torch::Tensor param = unit->shard().detach();
-    torch::Tensor grad = unit->shard().grad();
-    if (o.kind == OptimizerKind::kAdamW) {
-      // torch.optim.AdamW, _single_tensor_adamw (amsgrad off, maximize off).
-      param.mul_(1.0 - lr * o.weight_decay);
-      torch::Tensor& exp_avg = buffer(i, "exp_avg");
-      torch::Tensor& exp_avg_sq = buffer(i, "exp_avg_sq");
-      exp_avg.lerp_(grad, 1.0 - o.beta1);
-      exp_avg_sq.mul_(o.beta2).addcmul_(grad, grad, 1.0 - o.beta2);
-      const double step = static_cast<double>(steps_);
-      const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
-      const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
-      const double step_size = lr / bias_correction1;
-      const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-      torch::Tensor denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps);
-      param.addcdiv_(exp_avg, denom, -step_size);
-    } else {
-      // torch.optim.SGD, _single_tensor_sgd (dampening 0, nesterov off).
-      torch::Tensor d = grad;
-      if (o.weight_decay != 0.0) d = d.add(param, o.weight_decay);
-      if (o.momentum != 0.0) {
-        auto& slot = buffers_[i]["momentum_buffer"];
-        if (!slot.defined()) slot = d.clone();
-        else slot.mul_(o.momentum).add_(d);
-        d = slot;
+  const bool adamw = options_.kind == OptimizerKind::kAdamW;
+  for (std::size_t u = 0; u < model_.units().size(); ++u) {
+    const auto& unit = model_.units()[u];
+    if (!unit || !unit->shard().grad().defined() || segments_[u].empty()) continue;
+    // The update is elementwise, so each run of a group's elements is stepped on its own.
+    const torch::Tensor whole_param = unit->shard().detach(), whole_grad = unit->shard().grad();
+    const bool fresh_momentum = !adamw && !buffers_[u].count("momentum_buffer");
+    for (const Segment& s : segments_[u]) {
+      const Group& g = groups_[s.group];
+      const double lr = g.lr;
+      torch::Tensor param = whole_param.narrow(0, s.begin, s.length), grad = whole_grad.narrow(0, s.begin, s.length);
+      if (adamw) {
+        // torch.optim.AdamW, _single_tensor_adamw (amsgrad off, maximize off).
+        param.mul_(1.0 - lr * g.weight_decay);
+        torch::Tensor exp_avg = buffer(u, "exp_avg").narrow(0, s.begin, s.length);
+        torch::Tensor exp_avg_sq = buffer(u, "exp_avg_sq").narrow(0, s.begin, s.length);
+        exp_avg.lerp_(grad, 1.0 - g.beta1);
+        exp_avg_sq.mul_(g.beta2).addcmul_(grad, grad, 1.0 - g.beta2);
+        const double step = static_cast<double>(steps_);
+        const double bias_correction1 = 1.0 - std::pow(g.beta1, step);
+        const double bias_correction2 = 1.0 - std::pow(g.beta2, step);
+        const double step_size = lr / bias_correction1;
+        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+        torch::Tensor denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(g.eps);
+        param.addcdiv_(exp_avg, denom, -step_size);
+      } else {
+        // torch.optim.SGD, _single_tensor_sgd (dampening 0, nesterov off).
+        torch::Tensor d = grad;
+        if (g.weight_decay != 0.0) d = d.add(param, g.weight_decay);
+        if (g.momentum != 0.0) {
+          torch::Tensor buf = buffer(u, "momentum_buffer").narrow(0, s.begin, s.length);
+          if (fresh_momentum) buf.copy_(d);  // the first step's buffer is the gradient itself
+          else buf.mul_(g.momentum).add_(d);
+          d = buf;
+        }
+        param.add_(d, -lr);
       }
-      param.add_(d, -lr);
     }
   }
 }

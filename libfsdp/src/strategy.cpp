@@ -269,23 +269,23 @@ bool is_sharded_checkpoint(const fs::path& p) { return fs::is_directory(p) && fs
 struct Split {
   std::string model_key;
   FullyShardedSequential* model = nullptr;
-  std::string optimizer_key = "optimizer";
-  ShardedOptimizer* optimizer = nullptr;
+  std::vector<NamedOptimizer> optimizers;  ///< in the state's order
   std::vector<std::string> other;  ///< the keys of every other value
 };
 
 Split split(const State& state, const char* verb) {
   Split s;
-  int models = 0, optimizers = 0;
+  int models = 0;
   for (const auto& [key, item] : state) {
     if (auto* m = std::get_if<FullyShardedSequential*>(&item)) {
       ++models;
       s.model_key = key;
       s.model = *m;
     } else if (auto* o = std::get_if<ShardedOptimizer*>(&item)) {
-      ++optimizers;
-      s.optimizer_key = key;
-      s.optimizer = *o;
+      if (std::any_of(s.optimizers.begin(), s.optimizers.end(), [&](const NamedOptimizer& n) { return n.optimizer == *o; })) {
+        throw Error(std::string("the same optimizer is in the state twice (as '") + key + "'): " + verb + " each once");
+      }
+      s.optimizers.push_back({key, *o});
     } else {
       s.other.push_back(key);
     }
@@ -298,7 +298,6 @@ Split split(const State& state, const char* verb) {
     throw Error(std::string("found several FSDP models in the state: ") + verb +
                 " one model per checkpoint (call it for each model with a different path)");
   }
-  if (optimizers > 1) throw Error(std::string("found several optimizers in the state: ") + verb + " one optimizer per checkpoint here");
   return s;
 }
 
@@ -333,15 +332,16 @@ void Strategy::save_checkpoint(const fs::path& path, const State& state, const F
   const Split s = split(state, "save");
   SaveOptions o;
   o.model_key = s.model_key;
-  o.optimizer = s.optimizer;
-  o.optimizer_key = s.optimizer_key;
+  o.optimizers = s.optimizers;
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> meta;
   for (const auto& key : s.other) {
     const auto f = filter.find(key);
     meta.emplace_back(pk::make_str(key), filtered(std::get<pk::ValuePtr>(state.at(key)), f == filter.end() ? nullptr : f->second));
   }
   o.meta = pk::make_dict(std::move(meta));
-  if (s.optimizer && filter.count(s.optimizer_key)) throw Error("a filter on the optimizer's state is not supported");
+  for (const NamedOptimizer& n : s.optimizers) {
+    if (filter.count(n.key)) throw Error("a filter on the optimizer's state ('" + n.key + "') is not supported");
+  }
   if (const auto f = filter.find(s.model_key); f != filter.end()) o.model_filter = f->second;
   ProcessGroup& g = group();
   if (sharded) {
@@ -365,15 +365,15 @@ pk::ValuePtr Strategy::load_checkpoint(const fs::path& path, State& state, bool 
   }
   LoadOptions o;
   o.model_key = s.model_key;
-  o.optimizer = s.optimizer;
-  o.optimizer_key = s.optimizer_key;
+  o.optimizers = s.optimizers;
   o.strict = strict;
   const pk::ValuePtr meta = load_sharded(path, *s.model, group(), o);
   // What was saved besides the model and the optimizer: meta.pt, or a full file's other entries.
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> rest;
   if (meta && meta->dict_items()) {
     for (const auto& [k, v] : *meta->dict_items()) {
-      if (k->str() && (*k->str() == s.model_key || (s.optimizer && *k->str() == s.optimizer_key))) continue;
+      const auto is = [&](const NamedOptimizer& n) { return k->str() && *k->str() == n.key; };
+      if ((k->str() && *k->str() == s.model_key) || std::any_of(s.optimizers.begin(), s.optimizers.end(), is)) continue;
       rest.emplace_back(k, v);
     }
   }

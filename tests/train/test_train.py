@@ -14,6 +14,7 @@
 - launching by --nproc and by environment variables (torchrun's and SLURM's), a killed rank, SIGTERM, `latest` skipping an
   incomplete or damaged checkpoint, SIGKILL at every step of a save, bad data; under PyTorch's own torchrun too."""
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -81,15 +82,34 @@ def close(x, y, rel):
     return abs(x - y) <= rel * max(abs(x), abs(y), 1e-12)
 
 
-def pytorch_equivalence(tied=False):
-    extra = ("--tie-weights",) if tied else ()
-    d = os.path.join(work, "eq-tied" if tied else "eq")
+NO_DECAY = ("*.bias", "*norm*", "*ln_*")  # fsdp-train's default --no-decay
+
+
+def decay_groups(model, frozen=()):
+    """nanoGPT's groups, as fsdp-train makes them: 2-d and larger decay unless --no-decay names them;
+    frozen parameters in neither."""
+    decay, rest = [], []
+    for name, p in model.named_parameters():
+        if name in frozen:
+            continue
+        (decay if p.dim() >= 2 and not any(fnmatch.fnmatchcase(name, g) for g in NO_DECAY) else rest).append(name)
+    return decay, rest
+
+
+def pytorch_equivalence(tied=False, freeze=(), nproc_last=1):
+    """Steps 1-6 at 2 ranks, step 7 at `nproc_last` ranks (a global batch of 4 per rank, 8 at one):
+    the step-6 checkpoint loaded into PyTorch's GPT and torch.optim.AdamW, built with the
+    checkpoint's two param_groups (decay and no-decay), takes step 7 to our step-7 parameters;
+    frozen parameters are in no group and unchanged."""
+    extra = (("--tie-weights",) if tied else ()) + tuple(a for g in freeze for a in ("--freeze", g))
+    d = os.path.join(work, "eq-tied" if tied else "eq-frozen" if freeze else "eq")
     train("--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d, *extra, nproc=2)
     ck6 = os.path.join(d, "step-00000006")
     verified(ck6)
     log = d + ".jsonl"
-    train("--steps", "8", "--stop-at-step", "7", "--batch-size", "8", "--ckpt-dir", d, "--resume", "latest",
-          "--log-jsonl", log, *extra)
+    per_rank = 8 if nproc_last == 1 else 4
+    train("--steps", "8", "--stop-at-step", "7", "--batch-size", str(per_rank), "--ckpt-dir", d, "--resume", "latest",
+          "--log-jsonl", log, *extra, nproc=nproc_last if nproc_last > 1 else None)
     ours = losses(log)[7]
     # The model part holds no Python floats, so PyTorch's restricted loader takes it.
     state = torch.load(merged(ck6, os.path.basename(d) + "6-model.pt", model_only=True), weights_only=True)["model"]
@@ -98,28 +118,36 @@ def pytorch_equivalence(tied=False):
     if tied:  # both names saved, one value (PyTorch's state dict of a tied model has both)
         assert torch.equal(state["embed.wte.weight"], state["head.lm_head.weight"])
         assert model.head.lm_head.weight is model.embed.wte.weight
+    frozen = [n for n, _ in model.named_parameters() if any(fnmatch.fnmatchcase(n, g) for g in freeze)]
+    assert bool(frozen) == bool(freeze), frozen
+    for n, p in model.named_parameters():
+        p.requires_grad_(n not in frozen)
     tokens, train_end = gpt.text_tokens(a.text)
-    x, y = gpt.batch(tokens, train_end, SEED, 7, 0, 8, SHAPE["block_size"])
+    x, y = gpt.batch(tokens, train_end, SEED, 7, 0, per_rank * nproc_last, SHAPE["block_size"])
     theirs = gpt.loss(model, x, y)
     assert close(theirs.item(), ours, 1e-5), f"PyTorch's loss {theirs.item()!r}, ours {ours!r}"
     # The whole checkpoint (param_groups hold floats, which 1.13's weights_only loader refuses).
     full = torch.load(merged(ck6, os.path.basename(d) + "6.pt"))
     assert full["step"] == 6 and full["config"]["n_embd"] == 32, {k: full[k] for k in ("step", "config")}
     groups = full["optimizer"]["param_groups"]
-    # Each parameter once, as torch.optim sees the model (a tied weight under its first name).
-    names = [n for n, _ in model.named_parameters()]
-    assert len(groups) == 1 and groups[0]["params"] == names, groups
-    assert sorted(full["optimizer"]["state"]) == sorted(names), sorted(full["optimizer"]["state"])
-    opt = torch.optim.AdamW(model.parameters(), lr=groups[0]["lr"], betas=groups[0]["betas"], eps=groups[0]["eps"],
-                            weight_decay=groups[0]["weight_decay"])
-    for name, param in model.named_parameters():
+    # Each parameter once, as torch.optim sees the model (a tied weight under its first name), in
+    # nanoGPT's two groups; a frozen one in neither, and without state.
+    decay, rest = decay_groups(model, frozen)
+    assert [g["params"] for g in groups] == [decay, rest], [g["params"] for g in groups]
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0], groups
+    assert sorted(full["optimizer"]["state"]) == sorted(decay + rest), sorted(full["optimizer"]["state"])
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [params[n] for n in g["params"]], "weight_decay": g["weight_decay"]} for g in groups],
+                            lr=groups[0]["lr"], betas=groups[0]["betas"], eps=groups[0]["eps"])
+    for name in decay + rest:
         s = full["optimizer"]["state"][name]
-        assert float(s["step"]) == 6.0 and s["exp_avg"].shape == param.shape, (name, s["step"], s["exp_avg"].shape)
-        opt.state[param] = {"step": s["step"].clone(), "exp_avg": s["exp_avg"].clone(), "exp_avg_sq": s["exp_avg_sq"].clone()}
+        assert float(s["step"]) == 6.0 and s["exp_avg"].shape == params[name].shape, (name, s["step"], s["exp_avg"].shape)
+        opt.state[params[name]] = {"step": s["step"].clone(), "exp_avg": s["exp_avg"].clone(), "exp_avg_sq": s["exp_avg_sq"].clone()}
     # param_groups hold the learning rate of the next step, as a LambdaLR's step() leaves it, and
     # the peak as its initial_lr (issue 28 item 10): the optimizer made from them steps as ours did.
-    assert close(groups[0]["lr"], gpt.learning_rate(7, 3e-3, 8, 3), 1e-12) and groups[0]["initial_lr"] == 3e-3, groups[0]
-    assert list(groups[0])[-2:] == ["initial_lr", "params"], list(groups[0])
+    for g in groups:
+        assert close(g["lr"], gpt.learning_rate(7, 3e-3, 8, 3), 1e-12) and g["initial_lr"] == 3e-3, g
+        assert list(g)[-2:] == ["initial_lr", "params"], list(g)
     theirs.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -128,6 +156,8 @@ def pytorch_equivalence(tied=False):
     for name, param in model.named_parameters():
         diff = (after[name] - param.detach()).abs().max().item()
         assert diff <= 1e-5, f"{name}: our step 7 differs from torch.optim.AdamW's by {diff}"
+    for name in frozen:
+        assert torch.equal(after[name], state[name]), f"{name} is frozen, yet it changed"
 
 
 def init_from():
@@ -678,7 +708,8 @@ def help_matches_man():
 
 check("help_matches_man", help_matches_man)
 check("pytorch_gpt_and_adamw_equivalence", pytorch_equivalence)
-check("pytorch_tied_gpt_and_adamw_equivalence", lambda: pytorch_equivalence(tied=True))
+check("pytorch_tied_gpt_and_adamw_equivalence", lambda: pytorch_equivalence(tied=True, nproc_last=2))
+check("pytorch_param_groups_and_frozen_adamw_equivalence", lambda: pytorch_equivalence(freeze=("block0.attn.*", "embed.wpe.*"), nproc_last=3))
 check("init_from", init_from)
 check("full_state_dict", full_state_dict)
 check("same_curve_full_shard", same_curve("FULL_SHARD"))

@@ -45,7 +45,16 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--min-lr", c.min_lr, "learning rate at the last step of the cosine decay (default: --lr / 10)")->group(t);
   app->add_option("--warmup", c.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber)->group(t);
   app->add_option("--optimizer", c.optimizer, "adamw or sgd (PyTorch's update rules)")->check(CLI::IsMember({"adamw", "sgd"}))->group(t);
-  app->add_option("--weight-decay", c.weight_decay, "AdamW: decoupled weight decay; SGD: L2 added to the gradient")->check(CLI::NonNegativeNumber)->group(t);
+  app->add_option("--weight-decay", c.weight_decay,
+                  "AdamW: decoupled weight decay; SGD: L2 added to the gradient; applied to the parameters of two or more "
+                  "dimensions that --no-decay does not name (a second parameter group, without decay, holds the others)")
+      ->check(CLI::NonNegativeNumber)->group(t);
+  app->add_option("--no-decay", c.no_decay, "GLOB (repeatable): parameters without weight decay besides those under two dimensions")
+      ->allow_extra_args(false)->group(t);
+  app->add_option("--freeze", c.freeze,
+                  "GLOB (repeatable): parameters left as they are (no gradient, no optimizer state), e.g. 'embed.*'; a GLOB "
+                  "that names no parameter is an error")
+      ->allow_extra_args(false)->group(t);
   app->add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->group(t);
   app->add_option("--beta1", c.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->group(t);
   app->add_option("--beta2", c.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->group(t);

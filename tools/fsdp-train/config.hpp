@@ -37,6 +37,10 @@ struct TrainConfig {
   std::int64_t warmup = 10;
   std::string optimizer = "adamw";
   double weight_decay = 0.01, momentum = 0.0, beta1 = 0.9, beta2 = 0.95;
+  /// Parameters that do not decay besides those of fewer than two dimensions (nanoGPT's rule):
+  /// biases and norm weights, by name (Hugging Face's rule), whatever their shape.
+  std::vector<std::string> no_decay = {"*.bias", "*norm*", "*ln_*"};
+  std::vector<std::string> freeze;  ///< globs: these parameters are not trained (no gradient, no optimizer state)
   double grad_clip = 1.0;  ///< 0: off
   std::uint64_t seed = 1337;
   std::int64_t eval_every = 0;

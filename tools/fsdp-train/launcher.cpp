@@ -83,6 +83,7 @@ int launch_local(int nproc, int argc, char** argv) {
   }
   int running = nproc;
   int failed_rank = -1;
+  bool failed_usage = false;  // the first rank to fail exited 2
   std::string failure;
   bool killed = false;
   auto signal_all = [&](int sig) {
@@ -110,6 +111,7 @@ int launch_local(int nproc, int argc, char** argv) {
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && failed_rank < 0) {
           failed_rank = r;
+          failed_usage = WIFEXITED(status) && WEXITSTATUS(status) == 2;
           failure = how(status);
           signal_all(SIGTERM);
         }
@@ -125,6 +127,7 @@ int launch_local(int nproc, int argc, char** argv) {
   }
   sigprocmask(SIG_SETMASK, &old, nullptr);
   if (failed_rank >= 0) {
+    if (failed_usage) return 2;  // a usage error, which every rank finds alike and rank 0 has said
     std::cerr << "fsdp-train: error: rank " << failed_rank << " of " << nproc << " " << failure << "; stopped the other ranks\n";
     return 1;
   }

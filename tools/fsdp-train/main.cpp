@@ -41,6 +41,14 @@ int main(int argc, char** argv) {
     }
     if (launch_here) return fsdp_train::launch_local(config.nproc, argc, argv);
     fsdp_tools::test_hooks_from_environment();  // tests only: FSDP_TEST_CRASH_AT kills a rank mid-save
-    return fsdp_train::run_rank(config, env);
+    // An option that does not fit the model is found once the ranks have built it, every rank
+    // alike: exit 2 still, said once (by rank 0).
+    try {
+      return fsdp_train::run_rank(config, env);
+    } catch (const fsdp_tools::UsageError& e) {
+      const auto rank = env.find("RANK");
+      if (rank != env.end() && rank->second != "0") return 2;
+      return *fsdp_tools::usage_errors("fsdp-train", [&] { throw e; });
+    }
   });
 }

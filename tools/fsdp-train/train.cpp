@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/ops/filter.hpp"
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/pickle.hpp"
 #include "common/usage_error.hpp"
@@ -140,6 +141,13 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   put("warmup", pk::make_int(c.warmup));
   put("optimizer", pk::make_str(c.optimizer));
   put("weight_decay", pk::make_float(c.weight_decay));
+  auto strs = [](const std::vector<std::string>& v) {
+    std::vector<pk::ValuePtr> out;
+    for (const auto& x : v) out.push_back(pk::make_str(x));
+    return pk::make_list(std::move(out));
+  };
+  put("no_decay", strs(c.no_decay));
+  put("freeze", strs(c.freeze));
   put("grad_clip", pk::make_float(c.grad_clip));
   put("seed", pk::make_int(static_cast<std::int64_t>(c.seed)));
   put("sharding_strategy", pk::make_str(c.sharding_strategy));
@@ -189,7 +197,7 @@ class Trainer {
       : c_(c), strategy_(strategy), pg_(strategy.group()), rank_(pg_.rank()), world_(pg_.size()), device_(strategy.root_device()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
         fsdp_(strategy.setup_module(build_model(c))),
-        opt_(strategy.setup_optimizer(optimizer_options(c))) {}
+        opt_(strategy.setup_optimizer(optimizer_options(c, fsdp_))) {}
 
   /// fsdp-train's options as the strategy's (Fabric's FSDPStrategy arguments): the registry's
   /// --strategy, with every other option set explicitly.
@@ -327,7 +335,19 @@ class Trainer {
  private:
   static torch::nn::Sequential build_model(const TrainConfig& c) {
     torch::manual_seed(c.seed);
-    return make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights, c.model_script});
+    torch::nn::Sequential model =
+        make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights, c.model_script});
+    // --freeze: frozen before wrapping, as FSDP wraps a module whose parameters require no grad.
+    for (const std::string& glob : c.freeze) {
+      bool any = false;
+      for (auto& p : model->named_parameters()) {
+        if (!ckpt::filters_select({{true, glob}}, p.key())) continue;
+        p.value().set_requires_grad(false);
+        any = true;
+      }
+      if (!any) throw fsdp_tools::UsageError("--freeze '" + glob + "' names no parameter of the model (its names are as fsdp-ckpt-inspect lists them below 'model.')");
+    }
+    return model;
   }
 
   static fsdp::WrapPolicy wrap_policy(const TrainConfig& c) {
@@ -365,7 +385,7 @@ class Trainer {
     return loss_of(logits, y).to(torch::kFloat32);
   }
 
-  static fsdp::OptimizerOptions optimizer_options(const TrainConfig& c) {
+  static fsdp::OptimizerOptions optimizer_options(const TrainConfig& c, const fsdp::FullyShardedSequential& model) {
     fsdp::OptimizerOptions o;
     o.kind = fsdp::optimizer_from_string(c.optimizer);
     o.lr = c.lr;
@@ -373,6 +393,9 @@ class Trainer {
     o.beta2 = c.beta2;
     o.momentum = c.momentum;
     o.weight_decay = c.weight_decay;
+    std::vector<ckpt::EntryFilter> no_decay;
+    for (const std::string& glob : c.no_decay) no_decay.push_back({true, glob});
+    o.groups = fsdp::decay_groups(model, c.weight_decay, [&](const std::string& fqn) { return ckpt::filters_select(no_decay, fqn); });
     return o;
   }
 
@@ -415,11 +438,17 @@ class Trainer {
   }
 
   std::string describe(std::int64_t start) const {
-    std::int64_t params = 0;  // every parameter is in a unit (each child with parameters is one)
+    std::int64_t params = 0, frozen = 0;  // every parameter is in a unit (each child with parameters is one)
     for (const auto& u : fsdp_.units()) {
-      if (u) for (const auto& p : u->params()) params += p.alias_of < 0 ? p.numel : 0;  // a tied weight once
+      if (!u) continue;
+      for (const auto& p : u->params()) {
+        if (p.alias_of >= 0) continue;  // a tied weight once
+        params += p.numel;
+        frozen += p.tensor.requires_grad() ? 0 : p.numel;
+      }
     }
-    return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
+    return "fsdp-train: " + c_.model + " (" + std::to_string(params) + " parameters" +
+           (frozen ? ", " + std::to_string(frozen) + " of them frozen" : std::string()) + "), " + std::to_string(world_) + (world_ == 1 ? " rank, " : " ranks, ") +
            c_.sharding_strategy + mesh_text() + " (" + std::to_string(fsdp_.units().size()) + (fsdp_.units().size() == 1 ? " unit), " : " units), ") + c_.precision + ", " + c_.optimizer + ", global batch " + std::to_string(c_.batch_size * world_ * c_.accumulate) + " x " +
            std::to_string(c_.block_size) + " tokens, data " + data_.source + " (" + std::to_string(data_.tokens.size()) + " tokens)" +
            (start > 0 ? ", resuming after step " + std::to_string(start) : "");
@@ -703,6 +732,8 @@ int run_rank(const TrainConfig& config, const std::map<std::string, std::string>
     strategy.setup_environment(env);
     Trainer trainer(config, strategy);
     return trainer.run();
+  } catch (const fsdp_tools::UsageError&) {
+    throw;  // an option that does not fit the model: exit 2, as the command line's own
   } catch (const std::exception& e) {
     const std::string who = "rank " + std::to_string(rank) + ": ", what = e.what();
     throw std::runtime_error(what.starts_with(who) ? what : who + what);  // once, where libfsdp named the rank already

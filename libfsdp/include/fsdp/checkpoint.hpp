@@ -14,14 +14,19 @@
 
 namespace fsdp {
 
+/// An optimizer of the model and the key its state is saved under.
+struct NamedOptimizer {
+  std::string key = "optimizer";
+  ShardedOptimizer* optimizer = nullptr;
+};
+
 struct SaveOptions {
   std::string model_key = "model";
-  /// Also saves this optimizer's state as FSDP's sharded optimizer state dict flattened by DCP:
-  /// `<optimizer_key>.state.<parameter>.<buffer>` chunked as the parameter is,
-  /// `<optimizer_key>.state.<parameter>.step` (a 0-d float32 tensor, written once) and
-  /// `<optimizer_key>.param_groups` (a bytes item: one group, "params" listing every FQN).
-  ShardedOptimizer* optimizer = nullptr;
-  std::string optimizer_key = "optimizer";
+  /// Also saves these optimizers' state, each as FSDP's sharded optimizer state dict flattened by
+  /// DCP: `<key>.state.<parameter>.<buffer>` chunked as the parameter is,
+  /// `<key>.state.<parameter>.step` (a 0-d float32 tensor, written once), for each parameter it
+  /// steps, and `<key>.param_groups` (a bytes item: its groups, "params" listing FQNs).
+  std::vector<NamedOptimizer> optimizers;
   /// Non-null: rank 0 writes it as `meta.pt` (a torch.save file), as Lightning keeps a sharded
   /// checkpoint's other state, before `.metadata`.
   ckpt::pickle::ValuePtr meta;
@@ -55,9 +60,11 @@ struct LoadOptions {
   /// s<d>REGEX<d>REPLACEMENT<d>[g] (ckpt::EntryRenames), applied in order to each checkpoint name
   /// below `model_key` before it is matched with the model's.
   std::vector<std::string> renames;
-  /// Also loads this optimizer's buffers and step count (saved as SaveOptions describes).
-  ShardedOptimizer* optimizer = nullptr;
-  std::string optimizer_key = "optimizer";
+  /// Also loads these optimizers' state (saved as SaveOptions describes, or as torch.optim keys
+  /// it, by integer ids): the checkpoint's param_groups must hold the same parameters, group by
+  /// group, and give each group its hyperparameters; then each stepped parameter's buffers and
+  /// the step count.
+  std::vector<NamedOptimizer> optimizers;
   /// true: every parameter of the model must be in the checkpoint, and the checkpoint may hold no
   /// other tensor under `<model_key>.` (as torch's load_state_dict(strict=True); the error lists
   /// both kinds); false: missing parameters keep their values and other entries are ignored (the

@@ -109,6 +109,9 @@ class FlatUnit {
     std::int64_t begin = 0, end = 0;
   };
   std::vector<Range> slice_ranges() const;
+  /// The flat buffer's index of this rank's slice's first element (NO_SHARD: 0): parameter i's
+  /// range sits in shard() from params()[i].offset + slice_ranges()[i].begin - slice_begin().
+  std::int64_t slice_begin() const noexcept;
   /// Writes `pieces[i]`, params()[i]'s elements over slice_ranges()[i] (flat, any dtype: cast),
   /// into `slice`, a tensor laid out as shard(); an undefined piece, and an alias's, leave its
   /// place as it is.

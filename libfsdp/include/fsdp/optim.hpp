@@ -9,7 +9,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,16 +25,45 @@ std::string_view to_string(OptimizerKind kind) noexcept;
 /// "adamw" or "sgd"; throws fsdp::Error for anything else.
 OptimizerKind optimizer_from_string(std::string_view name);
 
+/// One of torch.optim's param_groups: parameters by FQN (a tied weight under its first name), with
+/// hyperparameters of their own; an unset one is the optimizer's (OptimizerOptions).
+struct ParamGroup {
+  std::vector<std::string> params;
+  std::optional<double> lr, weight_decay, beta1, beta2, eps, momentum;
+};
+
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< AdamW
   double momentum = 0.0;                          ///< SGD (no buffer when 0)
   double weight_decay = 0.01;                     ///< AdamW: decoupled; SGD: added to the gradient
+  /// torch.optim's param_groups, in order. Empty: one group of every parameter that requires grad,
+  /// in the model's order. A parameter in no group is not stepped; one that requires no grad (a
+  /// frozen one) may be listed but is never stepped and has no state, as torch.optim skips a
+  /// parameter without a gradient.
+  std::vector<ParamGroup> groups = {};
 };
+
+/// nanoGPT's and Hugging Face's grouping: the parameters of two or more dimensions that
+/// `no_decay` does not name decay at `weight_decay`, the others (biases, norm weights, and what
+/// `no_decay` names) at 0; in that order, each in the model's order. Frozen parameters are in
+/// neither.
+std::vector<ParamGroup> decay_groups(const FullyShardedSequential& model, double weight_decay,
+                                     const std::function<bool(const std::string& fqn)>& no_decay);
 
 class ShardedOptimizer {
  public:
+  /// A group's hyperparameters as they are now (torch.optim's param_groups entry).
+  struct Group {
+    std::vector<std::string> params;
+    double initial_lr = 0;  ///< the lr a schedule scales (LambdaLR's initial_lr)
+    double lr = 0;          ///< the last step's, or what a schedule set for the next one
+    double weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, momentum = 0;
+  };
+
+  /// Throws fsdp::Error for a group naming a parameter the model lacks, or one already in an
+  /// earlier group.
   ShardedOptimizer(FullyShardedSequential& model, OptimizerOptions options);
 
   /// Clears every shard's gradient.
@@ -42,19 +73,24 @@ class ShardedOptimizer {
   /// returns the norm before clipping. A collective (each rank holds part of the gradients).
   /// error_if_nonfinite: a NaN or infinite norm throws fsdp::Error, the gradients unchanged.
   double clip_grad_norm(double max_norm, bool error_if_nonfinite = false);
-  /// One update at learning rate `lr`, every unit.
+  /// One update with a schedule's learning rate `lr`: every group steps at lr scaled by its
+  /// initial_lr / options().lr, as one LambdaLR scales each group's initial_lr by one factor (a
+  /// group without an lr of its own steps at `lr`).
   void step(double lr);
-  /// The learning rate param_groups records as "lr": the last step's, or what a schedule set for
-  /// the next step (set_lr, as torch's LRScheduler.step() sets group["lr"]); options().lr before
-  /// either.
-  double lr() const noexcept { return lr_; }
-  /// A schedule's learning rate for the next step. From then on param_groups also records
-  /// "initial_lr" (options().lr), as torch's LambdaLR adds it to each group.
-  void set_lr(double lr) noexcept {
-    lr_ = lr;
-    scheduled_ = true;
-  }
+  /// One update at each group's lr as it stands (torch's optimizer.step()).
+  void step();
+  /// A schedule's learning rate for the next step, scaled into each group as step(lr) does: what
+  /// torch's LRScheduler.step() leaves in group["lr"]. From then on param_groups also records each
+  /// group's "initial_lr", as LambdaLR adds it.
+  void set_lr(double lr) noexcept;
   bool scheduled() const noexcept { return scheduled_; }
+  /// The first group's lr (the schedule's learning rate when it has no lr of its own).
+  double lr() const noexcept { return groups_.empty() ? options_.lr : groups_.front().lr; }
+  const std::vector<Group>& groups() const noexcept { return groups_; }
+  /// A loaded checkpoint's hyperparameters for group `i` (its params must stay as they are).
+  void set_group(std::size_t i, const Group& g);
+  /// The group `fqn` is stepped in: none for a parameter in no group or frozen, which has no state.
+  std::optional<std::size_t> group_of(const std::string& fqn) const;
 
   const OptimizerOptions& options() const noexcept { return options_; }
   /// Updates taken (PyTorch's per-parameter "step"; the same for every parameter here).
@@ -71,11 +107,22 @@ class ShardedOptimizer {
   FullyShardedSequential& model() noexcept { return model_; }
 
  private:
+  /// A run of a unit's slice whose elements are all stepped in one group: [begin, begin + length)
+  /// of shard(), of parameters next to each other in the flat buffer.
+  struct Segment {
+    std::size_t group = 0;
+    std::int64_t begin = 0, length = 0;
+  };
+  /// A group's lr for a schedule's `lr`.
+  double scaled(const Group& g, double lr) const noexcept { return options_.lr > 0 ? lr * g.initial_lr / options_.lr : g.initial_lr; }
+
   FullyShardedSequential& model_;
   OptimizerOptions options_;
   std::int64_t steps_ = 0;
-  double lr_ = options_.lr;
   bool scheduled_ = false;
+  std::vector<Group> groups_;
+  std::map<std::string, std::size_t> group_of_;              ///< stepped parameters only
+  std::vector<std::vector<Segment>> segments_;                 ///< per unit
   std::vector<std::map<std::string, torch::Tensor>> buffers_;  ///< per unit (empty for units without parameters)
 };
 

@@ -154,8 +154,8 @@ class Strategy {
   /// Saves `state` as Fabric's FSDPStrategy does: state_dict_type sharded, a DCP directory at
   /// `path` (a file there is replaced) with every value that is neither model nor optimizer in
   /// meta.pt; full, one torch.save file written by rank 0 (a sharded checkpoint there is
-  /// replaced, any other directory is an error), `filter` applied. Exactly one model; at most
-  /// one optimizer. A collective.
+  /// replaced, any other directory is an error), `filter` applied. Exactly one model; any number
+  /// of optimizers (each under its key: several over one model step disjoint groups). A collective.
   void save_checkpoint(const std::filesystem::path& path, const State& state, const Filter& filter = {});
   /// Loads a sharded directory or a full file (told apart as the seed does) into the model and
   /// optimizer of `state`, at any world size; every other key of `state` receives the saved value
