@@ -233,6 +233,24 @@ def full_state_dict():
               "--log-jsonl", logs[-1])
     assert losses(logs[0]) == losses(logs[1]), (losses(logs[0]), losses(logs[1]))
     assert sorted(os.listdir(full)) == ["step-00000006.pt", "step-00000008.pt"], os.listdir(full)
+    # torch.optim's own keys: the state by integer ids, which number the groups' parameters in
+    # order (what optimizer.state_dict() writes); re-keyed on load, the run resumes alike.
+    groups = ours["optimizer"]["param_groups"]
+    ids = {n: i for i, n in enumerate(n for g in groups for n in g["params"])}
+    assert len(groups) == 2, groups
+    int_keyed = dict(ours, optimizer={"state": {ids[n]: st for n, st in ours["optimizer"]["state"].items()},
+                                      "param_groups": [dict(g, params=[ids[n] for n in g["params"]]) for g in groups]})
+    d = os.path.join(work, "fs-int-keyed")
+    os.makedirs(d)
+    torch.save(int_keyed, os.path.join(d, "step-00000006.pt"))
+    logs.append(d + ".jsonl")
+    train("--steps", "8", "--batch-size", "8", "--ckpt-dir", d, "--state-dict-type", "full", "--resume", "latest",
+          "--log-jsonl", logs[-1])
+    assert losses(logs[2]) == losses(logs[1]), (losses(logs[2]), losses(logs[1]))
+    # State for another grouping is refused, naming the parameters that moved.
+    r = train("--steps", "8", "--ckpt-dir", d, "--state-dict-type", "full", "--resume", os.path.join(full, "step-00000006.pt"),
+              "--no-decay", "*", expect=1)
+    assert "parameter group 0 holds other parameters" in r.stderr and "there, not here: block0.attn.c_attn.weight" in r.stderr, r.stderr
 
 
 def same_curve(strategy, nproc=2, extra=(), rel=1e-4):
