@@ -214,6 +214,11 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
     made.emplace(name, chunked(o.model_key + "." + name, t, piece, pieces));
     names.push_back(name);
   });
+  // A buffer is whole on every rank: one chunk, written by rank 0 (as DCP writes a replicated item once).
+  for (const auto& [name, t] : model.buffers()) {
+    made.emplace(name, chunked(o.model_key + "." + name, t.detach(), rank == 0 ? 0 : -1, 1));
+    names.push_back(name);
+  }
   for (const std::string& name : model.in_model_order(std::move(names))) {
     tensors.push_back(std::move(made.at(name)));
     options.planner_data.set(tensors.back().fqn, path_of({o.model_key, name}));
@@ -330,13 +335,15 @@ void check_names_match(const FullyShardedSequential& model, const std::map<std::
                        const ckpt::Checkpoint& c, const LoadOptions& o, const std::string& who) {
   std::set<std::string> known;
   std::vector<std::string> missing, unexpected;
+  auto expect = [&](const std::string& fqn) {
+    known.insert(fqn);
+    if (!found.count(fqn)) missing.push_back(o.model_key.empty() ? fqn : o.model_key + "." + fqn);
+  };
   for (const auto& unit : model.units()) {
     if (!unit) continue;
-    for (const auto& p : unit->params()) {
-      known.insert(p.fqn);
-      if (!found.count(p.fqn)) missing.push_back(o.model_key.empty() ? p.fqn : o.model_key + "." + p.fqn);
-    }
+    for (const auto& p : unit->params()) expect(p.fqn);
   }
+  for (const auto& b : model.buffers()) expect(b.first);
   for (const auto& [name, t] : found) {
     if (!known.count(name)) unexpected.push_back(t->name);
   }
@@ -532,6 +539,12 @@ ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShard
       }
     }
     for (std::size_t k = 0; k < o.optimizers.size(); ++k) o.optimizers[k].optimizer->set_steps(steps[k].value_or(0));
+    // Buffers whole, on every rank (a buffer the checkpoint lacks, not strict, keeps its value).
+    for (auto& [name, b] : model.buffers()) {
+      const ckpt::TensorEntry* t = find(name);
+      if (!t) continue;
+      b.copy_(read_range(reader, t, name, b.sizes().vec(), 0, b.numel(), who).reshape(b.sizes()));
+    }
   } catch (const ckpt::Error& e) {
     throw Error(who, e);
   }

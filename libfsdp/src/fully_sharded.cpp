@@ -454,6 +454,7 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
   for (const auto& members : groups) made.push_back(&make_unit(members));
   for (std::size_t i = 0; i < leaves_.size(); ++i) leaf_unit_.push_back(group_of[i] < 0 ? nullptr : made[static_cast<std::size_t>(group_of[i])]);
   link_units();
+  broadcast_buffers();
 }
 
 FullyShardedSequential::FullyShardedSequential(const std::vector<std::pair<std::string, ChildMaker>>& children, ProcessGroup& group,
@@ -521,6 +522,7 @@ FullyShardedSequential::FullyShardedSequential(const std::vector<std::pair<std::
   units_ = std::move(ordered);
   for (int g : group_of) leaf_unit_.push_back(g < 0 ? nullptr : made[static_cast<std::size_t>(g)]);
   link_units();
+  broadcast_buffers();
 }
 
 FlatUnit& FullyShardedSequential::make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members) {
@@ -534,6 +536,16 @@ void FullyShardedSequential::cast_buffers(torch::nn::Module& m) {
   torch::NoGradGuard no_grad;
   for (auto& b : m.buffers(true)) {
     if (b.is_floating_point()) b.set_data(b.to(*mixed_.buffer_dtype));
+  }
+}
+
+void FullyShardedSequential::broadcast_buffers() {
+  torch::NoGradGuard no_grad;
+  for (auto& [fqn, b] : buffers()) {
+    // Gloo broadcasts no bool: its bytes go as uint8.
+    torch::Tensor t = b.scalar_type() == torch::kBool ? b.to(torch::kUInt8) : b.contiguous();
+    group_.broadcast(t, 0);
+    if (!t.is_same(b)) b.copy_(t);
   }
 }
 
@@ -801,12 +813,33 @@ void FullyShardedSequential::visit_full_state(const std::function<void(const std
   }
 }
 
+namespace {
+
+// torch's state_dict order below `m`: its parameters, its buffers, then each child's, recursively.
+void state_order(const torch::nn::Module& m, const std::string& prefix, std::map<std::string, std::size_t>& order) {
+  auto name = [&](const std::string& key) { return prefix.empty() ? key : prefix + "." + key; };
+  for (const auto& item : m.named_parameters(false)) order.emplace(name(item.key()), order.size());
+  for (const auto& item : m.named_buffers(false)) order.emplace(name(item.key()), order.size());
+  for (const auto& child : m.named_children()) state_order(*child.value(), name(child.key()), order);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::buffers() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const Leaf& leaf : leaves_) {
+    const torch::nn::Module& m = *leaf.module().ptr();
+    const std::string prefix = fqn_prefix(leaf.path, m);
+    for (const auto& item : m.named_buffers(true)) out.emplace_back(prefix.empty() ? item.key() : prefix + "." + item.key(), item.value());
+  }
+  return out;
+}
+
 std::vector<std::string> FullyShardedSequential::in_model_order(std::vector<std::string> fqns) const {
   std::map<std::string, std::size_t> order;
   for (const Leaf& leaf : leaves_) {
     const torch::nn::Module& m = *leaf.module().ptr();
-    const std::string prefix = fqn_prefix(leaf.path, m);
-    for (const auto& item : m.named_parameters(true)) order.emplace(prefix.empty() ? item.key() : prefix + "." + item.key(), order.size());
+    state_order(m, fqn_prefix(leaf.path, m), order);
   }
   std::stable_sort(fqns.begin(), fqns.end(), [&](const std::string& a, const std::string& b) { return order[a] < order[b]; });
   return fqns;
@@ -819,6 +852,10 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_
     values.emplace(fqn, value);
     names.push_back(fqn);
   });
+  for (auto& [fqn, b] : buffers()) {
+    values.emplace(fqn, b.detach());
+    names.push_back(fqn);
+  }
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const std::string& fqn : in_model_order(std::move(names))) out.emplace_back(fqn, values.at(fqn));
   return out;

@@ -139,20 +139,26 @@ torch::Tensor& ShardedOptimizer::buffer(std::size_t unit, const std::string& nam
   return slot;
 }
 
-double ShardedOptimizer::clip_grad_norm(double max_norm, bool error_if_nonfinite) {
+double ShardedOptimizer::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
+  if (!(norm_type > 0)) throw Error("clip_grad_norm: norm_type " + std::to_string(norm_type) + " (a p > 0, or infinity)");
   torch::NoGradGuard no_grad;
-  torch::Tensor sq;  // on the shards' device: one copy to the host, for the norm itself
+  const bool inf = std::isinf(norm_type);
+  // Each rank's part: the sum of |g|^p of its slices (the largest |g| for infinity), in float64,
+  // on the shards' device: one copy to the host, for the norm itself.
+  torch::Tensor part;
   for (const auto& unit : model_.units()) {
     if (!unit || !unit->shard().grad().defined()) continue;
-    // Squared in place in the float64 copy, where pow(2) would make a second one; the same
-    // values either way.
-    torch::Tensor s = unit->shard().grad().to(torch::kFloat64).square_().sum().reshape({1});
-    sq = sq.defined() ? sq + s : s;
+    torch::Tensor g = unit->shard().grad().to(torch::kFloat64).abs_();
+    torch::Tensor s = (inf ? g.max() : norm_type == 2.0 ? g.square_().sum() : g.pow_(norm_type).sum()).reshape({1});
+    part = !part.defined() ? s : inf ? torch::maximum(part, s) : part + s;
   }
-  if (!sq.defined()) sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64));
+  if (!part.defined()) part = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64));
   // With NO_SHARD every rank holds every gradient already; otherwise each holds its slice.
-  if (model_.strategy() != ShardingStrategy::kNoShard) model_.shard_group().all_reduce(sq, ReduceOp::kSum);  // replicas hold the same slices
-  const double norm = std::sqrt(sq.item<double>());
+  if (model_.strategy() != ShardingStrategy::kNoShard) {
+    model_.shard_group().all_reduce(part, inf ? ReduceOp::kMax : ReduceOp::kSum);  // replicas hold the same slices
+  }
+  const double total = part.item<double>();
+  const double norm = inf ? total : norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
   if (error_if_nonfinite && !std::isfinite(norm)) {
     throw Error("the total norm of the gradients is " + std::to_string(norm) +
                 ", so they cannot be clipped (pass error_if_nonfinite = false to scale them anyway)");
@@ -164,6 +170,13 @@ double ShardedOptimizer::clip_grad_norm(double max_norm, bool error_if_nonfinite
     }
   }
   return norm;
+}
+
+void ShardedOptimizer::clip_grad_value(double clip_value) {
+  torch::NoGradGuard no_grad;
+  for (const auto& unit : model_.units()) {
+    if (unit && unit->shard().grad().defined()) unit->shard().mutable_grad().clamp_(-clip_value, clip_value);
+  }
 }
 
 std::int64_t ShardedOptimizer::state_bytes() const {

@@ -17,7 +17,8 @@ Precision parse_precision(std::string_view name) {
   if (name == "bf16-mixed") return Precision::kBf16Mixed;
   if (name == "bf16-true") return Precision::kBf16True;
   if (name == "16-mixed") return Precision::k16Mixed;
-  throw Error(ErrorKind::kInvalidArgument, "precision '" + std::string(name) + "' is not supported (32-true, bf16-mixed, bf16-true, 16-mixed)");
+  if (name == "16-true") return Precision::k16True;
+  throw Error(ErrorKind::kInvalidArgument, "precision '" + std::string(name) + "' is not supported (32-true, bf16-mixed, bf16-true, 16-mixed, 16-true)");
 }
 
 std::string_view to_string(Precision precision) noexcept {
@@ -26,13 +27,14 @@ std::string_view to_string(Precision precision) noexcept {
     case Precision::kBf16Mixed: return "bf16-mixed";
     case Precision::kBf16True: return "bf16-true";
     case Precision::k16Mixed: return "16-mixed";
+    case Precision::k16True: return "16-true";
   }
   return "32-true";
 }
 
 MixedPrecision mixed_precision_of(Precision precision) {
   MixedPrecision mp;
-  if (precision == Precision::k16Mixed) mp.reduce_dtype = c10::ScalarType::Half;
+  if (precision == Precision::k16Mixed || precision == Precision::k16True) mp.reduce_dtype = c10::ScalarType::Half;
   else if (precision != Precision::k32True) mp.reduce_dtype = c10::ScalarType::BFloat16;
   return mp;
 }
@@ -43,18 +45,25 @@ std::optional<c10::ScalarType> autocast_dtype_of(Precision precision) {
   return std::nullopt;
 }
 
+std::optional<c10::ScalarType> model_dtype_of(Precision precision) {
+  if (precision == Precision::kBf16True) return c10::ScalarType::BFloat16;
+  if (precision == Precision::k16True) return c10::ScalarType::Half;
+  return std::nullopt;
+}
+
 void convert_module(torch::nn::Module& module, Precision precision) {
-  if (precision != Precision::kBf16True) return;
+  const auto dtype = model_dtype_of(precision);
+  if (!dtype) return;
   // A TorchScript module's integer tensors (masks, indices) must keep their dtypes, which
   // torch::nn::Module::to would convert too: a script casts its floating ones itself.
   bool script = false;
   for (const auto& m : module.modules(/*include_self=*/true)) {
     if (auto* s = dynamic_cast<ScriptModuleImpl*>(m.get())) {
-      s->cast_floating(c10::ScalarType::BFloat16);
+      s->cast_floating(*dtype);
       script = true;
     }
   }
-  if (!script) module.to(c10::ScalarType::BFloat16);
+  if (!script) module.to(*dtype);
 }
 
 Autocast::Autocast(bool on, c10::DeviceType device, c10::ScalarType dtype) : on_(on), device_(device) {

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <set>
+#include <span>
 
 #include "ckpt/error.hpp"
 #include "ckpt/io.hpp"
@@ -75,6 +77,9 @@ Strategy::Strategy(StrategyOptions options) : options_(std::move(options)) {
   if (precision_ == Precision::k16Mixed && !cuda) {
     throw Error(ErrorKind::kInvalidArgument, "precision 16-mixed (float16 autocast with a gradient scaler) needs CUDA: accelerator cuda (use bf16-mixed)");
   }
+  if (precision_ == Precision::k16True && !cuda) {
+    throw Error(ErrorKind::kInvalidArgument, "precision 16-true (a float16 model) needs CUDA: accelerator cuda (LibTorch's CPU kernels have no float16 matmul; use bf16-true)");
+  }
 }
 
 Strategy::~Strategy() {
@@ -135,7 +140,10 @@ void Strategy::setup_environment(const std::map<std::string, std::string>& env) 
     }
     mesh_ = std::make_unique<DeviceMesh>(*group_, rs.first, rs.second);
   }
-  if (options_.cpu_offload && !root_device_->is_cuda()) {
+  if (options_.activation_checkpointing) {
+    warn("activation_checkpointing is deprecated, use activation_checkpointing_policy instead (the same policy)");
+  }
+  if (options_.cpu_offload.offload_params && !root_device_->is_cuda()) {
     warn("cpu_offload has no effect on the CPU: parameters, gradients and optimizer state are in host memory already");
   }
 }
@@ -198,7 +206,7 @@ FullyShardedSequential& Strategy::setup_module(std::unique_ptr<FullyShardedSeque
 
 FullyShardedSequential& Strategy::adopt() {
   FullyShardedSequential& m = *modules_.back();
-  if (options_.cpu_offload && root_device().is_cuda()) m.offload_shards();  // on the CPU it has no effect (warned)
+  if (options_.cpu_offload.offload_params && root_device().is_cuda()) m.offload_shards();  // on the CPU it has no effect (warned)
   m.set_prefetch(options_.forward_prefetch, options_.backward_prefetch);
   if (options_.overlap_reduction) m.set_overlap_reduction(*options_.overlap_reduction);
   if (const auto& which = options_.activation_checkpointing_policy ? options_.activation_checkpointing_policy : options_.activation_checkpointing) {
@@ -232,11 +240,45 @@ void Strategy::setup_optimizer(const torch::optim::Optimizer& optimizer) {
   throw Error("the optimizer does not reference any FSDP parameters: create the optimizer after setting up the model");
 }
 
-double Strategy::clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, bool error_if_nonfinite) {
+double Strategy::clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, double norm_type, bool error_if_nonfinite) {
   // Under 16-mixed the norm is the true gradients' (Lightning unscales before clipping); a step
   // with an inf or NaN is skipped by the scaler, so its norm is no error.
   if (ShardedGradScaler* scaler = grad_scaler(optimizer); scaler && scaler->unscale()) return INFINITY;
-  return optimizer.clip_grad_norm(max_norm, error_if_nonfinite);
+  return optimizer.clip_grad_norm(max_norm, norm_type, error_if_nonfinite);
+}
+
+void Strategy::clip_gradients_value(ShardedOptimizer& optimizer, double clip_value) {
+  if (ShardedGradScaler* scaler = grad_scaler(optimizer)) scaler->unscale();
+  optimizer.clip_grad_value(clip_value);
+}
+
+pk::ValuePtr Strategy::broadcast(const pk::ValuePtr& value, int src) {
+  ProcessGroup& g = group();
+  if (src < 0 || src >= g.size()) throw Error(ErrorKind::kInvalidArgument, "broadcast: src " + std::to_string(src) + " is not a rank");
+  const bool mine = g.rank() == src;
+  if (mine && !value) throw Error(ErrorKind::kInvalidArgument, "broadcast: no value on the source rank");
+  const std::vector<std::byte> bytes = mine ? pk::write(*value, 4) : std::vector<std::byte>();
+  // The length first, then the bytes (as uint8: Gloo moves no bytes dtype).
+  torch::Tensor n = torch::tensor({static_cast<std::int64_t>(bytes.size())}, torch::kLong).to(root_device());
+  g.broadcast(n, src);
+  torch::Tensor data = torch::empty({n.item<std::int64_t>()}, torch::kUInt8);
+  if (mine && !bytes.empty()) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  data = data.to(root_device());
+  g.broadcast(data, src);
+  if (mine) return value;
+  data = data.to(torch::kCPU);
+  const auto* p = static_cast<const std::byte*>(data.data_ptr());
+  try {
+    return pk::parse(std::span<const std::byte>(p, static_cast<std::size_t>(data.numel())), "broadcast from rank " + std::to_string(src));
+  } catch (const ckpt::Error& e) {
+    throw Error("broadcast", e);
+  }
+}
+
+torch::Tensor Strategy::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
+  torch::Tensor out = tensor.detach().clone();
+  group().all_reduce(out, op);
+  return out;
 }
 
 ShardedGradScaler* Strategy::grad_scaler(const ShardedOptimizer& optimizer) {

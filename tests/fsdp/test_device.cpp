@@ -109,7 +109,7 @@ std::vector<std::pair<std::string, torch::Tensor>> train(fsdp::Strategy& s, fsdp
       loss = torch::mse_loss(m.forward(x).to(torch::kFloat), y);
     }
     m.backward(s.scale_loss(opt, loss));
-    s.clip_gradients_norm(opt, kClip, /*error_if_nonfinite=*/false);
+    s.clip_gradients_norm(opt, kClip, 2.0, /*error_if_nonfinite=*/false);
     const bool stepped = s.optimizer_step(opt, kLr);
     if (taken) *taken += stepped ? 1 : 0;
   }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -130,6 +131,24 @@ void errors_table() {
     g.sharding_strategy = "HYBRID_SHARD";
     g.device_mesh = std::pair{1, 1};
     expect_error("process_group with device_mesh", [&] { fsdp::Strategy s(g); }, "mutually exclusive");
+  }
+  {
+    // The deprecated spelling works, and says so; 16-true needs CUDA, as 16-mixed does.
+    auto d = fsdp::registered_strategy("fsdp");
+    std::vector<std::string> said;
+    d.warn = [&](const std::string& w) { said.push_back(w); };
+    d.activation_checkpointing = fsdp::WrapPolicy{{}, {"Linear"}, 0};
+    fsdp::Strategy deprecated(d);
+    deprecated.setup_environment({});
+    EXPECT(said.size() == 1 && said[0].find("activation_checkpointing is deprecated, use activation_checkpointing_policy") != std::string::npos);
+    auto h = fsdp::registered_strategy("fsdp");
+    h.precision = "16-true";
+    expect_error("16-true on the CPU", [&] { fsdp::Strategy s(h); }, "16-true (a float16 model) needs CUDA");
+    EXPECT(fsdp::parse_precision("16-true") == fsdp::Precision::k16True && fsdp::model_dtype_of(fsdp::Precision::k16True) == torch::kHalf);
+    fsdp::CpuOffload offload;
+    offload.offload_params = true;
+    h.cpu_offload = offload;
+    EXPECT(h.cpu_offload.offload_params);
   }
   fsdp::Strategy s(o);
   s.setup_environment({});
@@ -260,18 +279,32 @@ void errors_table() {
   fs::remove_all(dir);
 }
 
+// This process's rank of the world the launcher started: the registry's "fsdp" strategy joined.
+std::unique_ptr<fsdp::Strategy> joined_strategy() {
+  auto o = fsdp::registered_strategy("fsdp");
+  o.timeout = std::chrono::seconds(60);
+  auto s = std::make_unique<fsdp::Strategy>(o);
+  s->setup_environment(environment());
+  return s;
+}
+
+// A strategy saving `state_dict_type` checkpoints over the ranks `joined` joined.
+std::unique_ptr<fsdp::Strategy> saving_as(fsdp::Strategy& joined, const char* state_dict_type) {
+  auto o = fsdp::registered_strategy("fsdp");
+  o.state_dict_type = state_dict_type;
+  o.process_group = &joined.group();
+  auto s = std::make_unique<fsdp::Strategy>(o);
+  s->setup_environment(environment());
+  return s;
+}
+
 // One rank of the 2-rank case: save both kinds through the strategy, load into fresh models.
 int rank_main() {
-  auto base = fsdp::registered_strategy("fsdp");
-  base.timeout = std::chrono::seconds(60);
-  fsdp::Strategy joined(base);
-  joined.setup_environment(environment());
+  const std::unique_ptr<fsdp::Strategy> world_of = joined_strategy();
+  fsdp::Strategy& joined = *world_of;
   for (const char* type : {"sharded", "full"}) {
-    auto o = fsdp::registered_strategy("fsdp");
-    o.state_dict_type = type;
-    o.process_group = &joined.group();
-    fsdp::Strategy s(o);
-    s.setup_environment(environment());
+    const std::unique_ptr<fsdp::Strategy> saver = saving_as(joined, type);
+    fsdp::Strategy& s = *saver;
     auto& m = s.setup_module(model(1));
     auto& opt = s.setup_optimizer(fsdp::OptimizerOptions{});
     train(m, opt, s.global_rank(), s.world_size());
@@ -290,6 +323,172 @@ int rank_main() {
     EXPECT(same_parameters(m, m2));
   }
   return failures ? 1 : 0;
+}
+
+// A model with buffers: BatchNorm's running statistics and its batch count (a 0-d int64).
+torch::nn::Sequential norm_model(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(5, 8), torch::nn::BatchNorm1d(8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+}
+
+// Two optimizers over one model, each stepping its own parameters: AdamW the weights (two
+// groups, one with an lr of its own), SGD with momentum the biases and the norm's parameters.
+struct TwoOptimizers {
+  fsdp::ShardedOptimizer *adam = nullptr, *sgd = nullptr;
+};
+TwoOptimizers two_optimizers(fsdp::Strategy& s) {
+  fsdp::OptimizerOptions a;
+  a.groups = {{{"0.weight"}, 5e-3, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt},
+              {{"3.weight"}, std::nullopt, 0.1, std::nullopt, std::nullopt, std::nullopt, std::nullopt}};
+  fsdp::OptimizerOptions b;
+  b.kind = fsdp::OptimizerKind::kSgd;
+  b.momentum = 0.9;
+  b.groups = {{{"0.bias", "1.weight", "1.bias", "3.bias"}, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt, std::nullopt}};
+  return {&s.setup_optimizer(a), &s.setup_optimizer(b)};
+}
+
+void train_two(fsdp::FullyShardedSequential& m, TwoOptimizers o, int rank, int world, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    torch::manual_seed(static_cast<std::uint64_t>(60 + s));
+    torch::Tensor x = torch::randn({4, 5}), y = torch::randn({4, 3});
+    const int per = 4 / world;
+    o.adam->zero_grad();
+    o.sgd->zero_grad();
+    m.backward(torch::mse_loss(m.forward(x.narrow(0, rank * per, per)), y.narrow(0, rank * per, per)));
+    o.adam->step(1e-2);
+    o.sgd->step(1e-2);
+  }
+}
+
+// Whether two state dicts hold the same names and values; `buffers` false: the buffers' values
+// are not compared (each rank's running statistics are its own after a step).
+bool same_state(const std::vector<std::pair<std::string, torch::Tensor>>& a, const std::vector<std::pair<std::string, torch::Tensor>>& b,
+                bool buffers = true) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const bool buffer = a[i].first.starts_with("1.running_") || a[i].first == "1.num_batches_tracked";
+    if (a[i].first != b[i].first || (!(buffer && !buffers) && !a[i].second.equal(b[i].second))) return false;
+  }
+  return true;
+}
+
+// The buffers case: at 2 ranks ("buffers-save"), buffers broadcast from rank 0 at setup, a state
+// of two optimizers saved (both types) and loaded into fresh ones, which then step alike; rank 0
+// keeps the full state dict it saved. At 3 ranks ("buffers-load"), both checkpoints load whole:
+// parameters, buffers and both optimizers' groups and step counts.
+int buffers_main(bool saving) {
+  const int before = failures;
+  const std::unique_ptr<fsdp::Strategy> world_of = joined_strategy();
+  fsdp::Strategy& joined = *world_of;
+  const int rank = joined.global_rank(), world = joined.world_size();
+  const fs::path dir = std::getenv("FSDP_TEST_DIR");
+  for (const char* type : {"sharded", "full"}) {
+    const std::unique_ptr<fsdp::Strategy> saver = saving_as(joined, type);
+    fsdp::Strategy& s = *saver;
+    const fs::path path = dir / type, expected = dir / (std::string(type) + ".expected");
+    if (saving) {
+      torch::nn::Sequential raw = norm_model(1);
+      raw[1]->named_buffers()["running_mean"].fill_(static_cast<float>(rank + 1));  // rank 0's wins
+      auto& m = s.setup_module(raw);
+      EXPECT(m.buffers().size() == 3 && m.buffers()[0].first == "1.running_mean" && m.buffers()[0].second.eq(1.0f).all().item<bool>());
+      const TwoOptimizers opts = two_optimizers(s);
+      train_two(m, opts, rank, world, 2);  // the running statistics now differ from rank to rank
+      s.save_checkpoint(path, {{"model", &m}, {"adam", opts.adam}, {"sgd", opts.sgd}});
+      const auto saved = m.full_state_dict();
+      if (rank == 0) {
+        std::vector<torch::Tensor> values;
+        for (const auto& [name, t] : saved) values.push_back(t);
+        torch::save(values, expected.string());
+      }
+      // The order of torch's state_dict: the norm's weight, bias, then its buffers.
+      std::vector<std::string> names;
+      for (const auto& [name, t] : saved) names.push_back(name);
+      EXPECT((names == std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
+                                                "1.num_batches_tracked", "3.weight", "3.bias"}));
+      auto& m2 = s.setup_module(norm_model(2));
+      const TwoOptimizers opts2 = two_optimizers(s);
+      fsdp::State st{{"model", &m2}, {"adam", opts2.adam}, {"sgd", opts2.sgd}};
+      s.load_checkpoint(path, st);
+      // Rank 0's buffers, on every rank: what rank 0 saved.
+      EXPECT(same_state(saved, m2.full_state_dict(), /*buffers=*/rank == 0));
+      for (const auto& [name, b] : m2.buffers()) {
+        torch::Tensor r0 = b.clone();
+        joined.group().broadcast(r0, 0);
+        EXPECT(r0.equal(b));
+      }
+      train_two(m, opts, rank, world, 1);
+      train_two(m2, opts2, rank, world, 1);
+      EXPECT(same_state(m.full_state_dict(), m2.full_state_dict(), /*buffers=*/rank == 0));
+      s.barrier();
+    } else {
+      auto& m = s.setup_module(norm_model(3));
+      const TwoOptimizers opts = two_optimizers(s);
+      fsdp::State st{{"model", &m}, {"adam", opts.adam}, {"sgd", opts.sgd}};
+      s.load_checkpoint(path, st);
+      std::vector<torch::Tensor> values;
+      torch::load(values, expected.string());
+      const auto loaded = m.full_state_dict();
+      EXPECT(loaded.size() == values.size());
+      for (std::size_t i = 0; i < loaded.size() && i < values.size(); ++i) EXPECT(loaded[i].second.equal(values[i]));
+      EXPECT(opts.adam->steps() == 2);  // SGD keeps no step count (torch.optim.SGD's state has none)
+      EXPECT(opts.adam->groups()[1].weight_decay == 0.1 && opts.sgd->groups()[0].momentum == 0.9);
+      // Another grouping is refused, naming the parameters.
+      fsdp::OptimizerOptions one;
+      auto& other = s.setup_optimizer(one);
+      fsdp::State wrong{{"model", &m}, {"adam", &other}};
+      expect_error("another grouping", [&] { s.load_checkpoint(path, wrong, /*strict=*/false); }, "has 2 parameter groups, this optimizer 1");
+    }
+  }
+  return failures == before ? 0 : 1;
+}
+
+// The seed's clipping, broadcast and all_reduce at this world size: clip_gradients_norm of each
+// norm_type and clip_gradients_value against LibTorch's own clip_grad_norm_ and clip_grad_value_
+// on the whole model with the whole batch (the sharded step then lands where a plain SGD step on
+// those clipped gradients does); a pickle value from the last rank; the mean of every rank's tensor.
+int clip_main() {
+  const int before = failures;
+  const std::unique_ptr<fsdp::Strategy> world_of = joined_strategy();
+  fsdp::Strategy& s = *world_of;
+  const int rank = s.global_rank(), world = s.world_size();
+  torch::manual_seed(70);
+  const torch::Tensor x = torch::randn({6, 5}), y = torch::randn({6, 3});
+  const int per = 6 / world;
+  for (const double p : {2.0, 1.0, 3.5, static_cast<double>(INFINITY), -1.0}) {  // -1: by value
+    auto& m = s.setup_module(model(1));
+    fsdp::OptimizerOptions sgd;
+    sgd.kind = fsdp::OptimizerKind::kSgd;
+    sgd.weight_decay = 0.0;
+    auto& opt = s.setup_optimizer(sgd);
+    m.backward(torch::mse_loss(m.forward(x.narrow(0, rank * per, per)), y.narrow(0, rank * per, per)));
+    torch::nn::Sequential ref = model(1);
+    torch::mse_loss(ref->forward(x), y).backward();
+    if (p > 0) {
+      const double ours = s.clip_gradients_norm(opt, 0.05, p);
+      const double theirs = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.05, p);
+      EXPECT(std::abs(ours - theirs) <= 1e-5 * std::abs(theirs));
+    } else {
+      s.clip_gradients_value(opt, 0.01);
+      torch::nn::utils::clip_grad_value_(ref->parameters(), 0.01);
+    }
+    opt.step(1.0);
+    torch::NoGradGuard no_grad;
+    for (auto& q : ref->parameters()) q.sub_(q.grad());
+    const auto ours = m.full_state_dict();
+    const auto theirs = ref->named_parameters();
+    for (const auto& [name, t] : ours) EXPECT(torch::allclose(t, theirs[name], 1e-5, 1e-6));
+  }
+  // broadcast: any pickle value, from the last rank.
+  const pk::ValuePtr sent = pk::make_dict({{pk::make_str("epoch"), pk::make_int(3)},
+                                           {pk::make_str("lrs"), pk::make_list({pk::make_float(0.5), pk::make_none()})}});
+  const pk::ValuePtr got = s.broadcast(rank == world - 1 ? sent : pk::make_none(), world - 1);
+  EXPECT(got && pk::write(*got, 4) == pk::write(*sent, 4));
+  // all_reduce: the mean by default; the input as it was.
+  const torch::Tensor mine = torch::full({2}, static_cast<float>(rank + 1));
+  EXPECT(s.all_reduce(mine).equal(torch::full({2}, static_cast<float>(world + 1) / 2.0f)));
+  EXPECT(s.all_reduce(mine, fsdp::ReduceOp::kMax).equal(torch::full({2}, static_cast<float>(world))));
+  EXPECT(mine.equal(torch::full({2}, static_cast<float>(rank + 1))));
+  return failures == before ? 0 : 1;
 }
 
 // fsdp::set_num_threads reaches OpenBLAS's own pool (which torch::set_num_threads does not) where
@@ -364,7 +563,11 @@ bool precision_and_error_kinds() {
 
 }  // namespace
 
-const fsdp_test::Mode kRank{"rank", [](const std::string&) { return rank_main(); }};
+const fsdp_test::Mode kRank{"rank", [](const std::string& which) {
+                              if (which.starts_with("buffers-")) return buffers_main(which == "buffers-save");
+                              if (which == "clip") return clip_main();
+                              return rank_main();
+                            }};
 
 TEST_CASE("fsdp strategy: the seed's errors, a sharded and a full save with a filter, strict and non-strict loads (world of one)", "[fsdp][strategy]") {
   const int before = failures;
@@ -403,4 +606,19 @@ TEST_CASE("fsdp strategy: save_checkpoint then load_checkpoint at 2 ranks, shard
   ::unsetenv("FSDP_TEST_DIR");
   fs::remove_all(dir);
   CHECK(ok);
+}
+
+TEST_CASE("fsdp strategy: buffers broadcast at setup, saved as rank 0's and loaded at 2 and 3 ranks, with two optimizers of their own groups in one state", "[fsdp][strategy]") {
+  char tmpl[] = "/tmp/fsdp-buffers-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  ::setenv("FSDP_TEST_DIR", dir.c_str(), 1);
+  const bool saved = fsdp_test::launch_ranks("buffers-save", 2);
+  CHECK(saved);
+  if (saved) CHECK(fsdp_test::launch_ranks("buffers-load", 3));
+  ::unsetenv("FSDP_TEST_DIR");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fsdp strategy: clip_gradients_norm of norm_type 2, 1, 3.5 and inf and clip_gradients_value equal LibTorch's at 1, 2 and 3 ranks, with broadcast and all_reduce", "[fsdp][strategy]") {
+  for (int world : {1, 2, 3}) CHECK(fsdp_test::launch_ranks("clip", world));
 }

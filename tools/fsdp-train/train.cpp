@@ -250,7 +250,7 @@ class Trainer {
         fsdp_.backward(strategy_.scale_loss(opt_, loss), /*sync=*/m + 1 == c_.accumulate);
         local += loss.item<double>();
       }
-      const double norm = c_.grad_clip > 0 ? strategy_.clip_gradients_norm(opt_, c_.grad_clip, /*error_if_nonfinite=*/false) : -1;
+      const double norm = c_.grad_clip > 0 ? strategy_.clip_gradients_norm(opt_, c_.grad_clip, 2.0, /*error_if_nonfinite=*/false) : -1;
       const bool stepped = strategy_.optimizer_step(opt_, lr);
       opt_.set_lr(learning_rate(c_, step + 1));  // what a scheduler's step() leaves in param_groups: the next step's
       if (!stepped) {

@@ -219,15 +219,21 @@ class FullyShardedSequential {
   void backward(const torch::Tensor& loss, bool sync = true);
   /// The shards: what the optimizer steps.
   std::vector<torch::Tensor> parameters();
-  /// Every parameter's full value by FQN, in the model's order (gathered from every rank; a
-  /// collective, so every rank calls it).
+  /// Every parameter's full value and every buffer by FQN, in the model's order (torch's
+  /// state_dict order: a module's parameters, its buffers, then its children's); gathered from
+  /// every rank, a collective, so every rank calls it.
   std::vector<std::pair<std::string, torch::Tensor>> full_state_dict();
+  /// The modules' buffers by FQN (BatchNorm's running statistics, ...), the tensors themselves, in
+  /// leaf order. FSDP leaves buffers unsharded: each rank holds its own, all equal to rank 0's when
+  /// the model is made (FSDP's sync_module_states), and a state dict holds rank 0's. LibTorch has
+  /// no non-persistent buffers: every one is in the state dict.
+  std::vector<std::pair<std::string, torch::Tensor>> buffers() const;
   /// The same one unit at a time, in the units' order: `fn(fqn, full value)` for each parameter of
   /// a unit, whose full values are freed before the next unit is gathered (what a sharded save
   /// needs: never the whole model at once). A collective.
   void visit_full_state(const std::function<void(const std::string& fqn, const torch::Tensor& value)>& fn);
-  /// `fqns` (parameters' names) sorted in the model's order, full_state_dict()'s (a wrap policy's
-  /// root unit holds leaves from both ends, so it is not the units' order).
+  /// `fqns` (parameters' and buffers' names) sorted in the model's order, full_state_dict()'s (a
+  /// wrap policy's root unit holds leaves from both ends, so it is not the units' order).
   std::vector<std::string> in_model_order(std::vector<std::string> fqns) const;
   /// Bytes of parameters and gradients this rank holds between steps (its shards and their
   /// gradients), and of the whole model's parameters unsharded: that sharding is real.
@@ -301,6 +307,7 @@ class FullyShardedSequential {
   void install_grad_hooks();
   FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members);
   void cast_buffers(torch::nn::Module& m);  ///< to MixedPrecision's buffer_dtype
+  void broadcast_buffers();                 ///< rank 0's to every rank
   void link_units();  ///< prefetch neighbours, unit ends and the final unit, from leaf_unit_
 
   torch::nn::Sequential model_;

@@ -68,11 +68,15 @@ class ShardedOptimizer {
 
   /// Clears every shard's gradient.
   void zero_grad();
-  /// Scales the gradients so that their global 2-norm is at most `max_norm` (as
-  /// torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), never above 1);
-  /// returns the norm before clipping. A collective (each rank holds part of the gradients).
-  /// error_if_nonfinite: a NaN or infinite norm throws fsdp::Error, the gradients unchanged.
-  double clip_grad_norm(double max_norm, bool error_if_nonfinite = false);
+  /// Scales the gradients so that their global `norm_type`-norm (p > 0, or infinity: the largest
+  /// magnitude) is at most `max_norm` (as torch.nn.utils.clip_grad_norm_ and FSDP's
+  /// clip_grad_norm_: coefficient max_norm / (norm + 1e-6), never above 1); returns the norm
+  /// before clipping. A collective (each rank holds part of the gradients). error_if_nonfinite: a
+  /// NaN or infinite norm throws fsdp::Error, the gradients unchanged.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
+  /// Clamps every gradient element into [-clip_value, clip_value] (torch.nn.utils.clip_grad_value_:
+  /// elementwise, so each rank clamps its slice; no collective).
+  void clip_grad_value(double clip_value);
   /// One update with a schedule's learning rate `lr`: every group steps at lr scaled by its
   /// initial_lr / options().lr, as one LambdaLR scales each group's initial_lr by one factor (a
   /// group without an lr of its own steps at `lr`).

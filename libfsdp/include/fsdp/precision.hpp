@@ -22,10 +22,11 @@ enum class Precision {
   kBf16Mixed, ///< float32 parameters and optimizer; bfloat16 autocast compute and gradient reduction
   kBf16True,  ///< the model itself in bfloat16
   k16Mixed,   ///< float16 autocast with a gradient scaler (CUDA only)
+  k16True,    ///< the model itself in float16 (CUDA only: LibTorch's CPU kernels have no float16 matmul)
 };
 
-/// "32-true", "bf16-mixed", "bf16-true" or "16-mixed"; throws fsdp::Error kInvalidArgument,
-/// listing the four, for anything else.
+/// "32-true", "bf16-mixed", "bf16-true", "16-mixed" or "16-true"; throws fsdp::Error
+/// kInvalidArgument, listing them, for anything else.
 Precision parse_precision(std::string_view name);
 std::string_view to_string(Precision precision) noexcept;
 
@@ -40,12 +41,15 @@ struct MixedPrecision {
 };
 
 /// The MixedPrecision a precision implies for the units, as Lightning's FSDPPrecision: bfloat16
-/// reduction for bf16-mixed and bf16-true, float16 for 16-mixed, nothing for 32-true.
+/// reduction for bf16-mixed and bf16-true, float16 for 16-mixed and 16-true, nothing for 32-true.
 MixedPrecision mixed_precision_of(Precision precision);
 
 /// The autocast dtype of a precision: bfloat16 for bf16-mixed, float16 for 16-mixed, nothing for
 /// the others (no autocast).
 std::optional<c10::ScalarType> autocast_dtype_of(Precision precision);
+
+/// The dtype a *-true precision converts the model to (bfloat16, float16); nothing for the others.
+std::optional<c10::ScalarType> model_dtype_of(Precision precision);
 
 /// For a *-true precision, converts `module`'s floating parameters and buffers to its dtype (a
 /// TorchScript module's masks and indices keep theirs); nothing for the others.

@@ -38,6 +38,14 @@
 
 namespace fsdp {
 
+/// FSDP's CPUOffload (the seed takes it or a bool): offload_params keeps each unit's shard, its
+/// gradient and the optimizer state in host memory, computing on the GPU.
+struct CpuOffload {
+  bool offload_params = false;
+  CpuOffload() = default;
+  CpuOffload(bool offload) : offload_params(offload) {}  // NOLINT(google-explicit-constructor): cpu_offload = true, as the seed
+};
+
 /// FSDPStrategy's constructor arguments.
 struct StrategyOptions {
   /// Fabric's accelerator: "cpu"; "cuda" (or "gpu"): each rank computes on the GPU its
@@ -45,7 +53,7 @@ struct StrategyOptions {
   std::string accelerator = "cpu";
   std::optional<Backend> process_group_backend;  ///< default: gloo on the CPU, nccl on CUDA
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  bool cpu_offload = false;
+  CpuOffload cpu_offload;
   /// The units' MixedPrecision, used as given; unset: the one `precision` implies.
   std::optional<MixedPrecision> mixed_precision;
   /// Lightning's precision (fsdp/precision.hpp): 32-true; bf16-mixed (bfloat16 gradient
@@ -55,7 +63,8 @@ struct StrategyOptions {
   std::optional<WrapPolicy> auto_wrap_policy;
   /// Which modules run under activation checkpointing, in auto_wrap_policy's forms (by path, by
   /// module type name, by parameter count: FullyShardedSequential::set_activation_checkpointing).
-  /// activation_checkpointing is its deprecated spelling; giving both is an error.
+  /// activation_checkpointing is its deprecated spelling (warned about, as the seed does); giving
+  /// both is an error.
   std::optional<WrapPolicy> activation_checkpointing;
   std::optional<WrapPolicy> activation_checkpointing_policy;
   /// FSDP's backward_prefetch (BACKWARD_PRE when true, the default) and forward_prefetch.
@@ -134,10 +143,15 @@ class Strategy {
   /// the original parameters) references none, and is refused.
   void setup_optimizer(const torch::optim::Optimizer& optimizer);
 
-  /// The global gradient norm, clipped to `max_norm`. error_if_nonfinite: a NaN or infinite norm
-  /// is an error and the gradients are left as they are. Under 16-mixed the gradients are
-  /// unscaled first, and a step the scaler will skip returns infinity without clipping.
-  double clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, bool error_if_nonfinite = true);
+  /// The global gradient norm of `norm_type` (2; any p > 0; infinity), clipped to `max_norm`.
+  /// error_if_nonfinite: a NaN or infinite norm is an error and the gradients are left as they
+  /// are. Under 16-mixed the gradients are unscaled first, and a step the scaler will skip returns
+  /// infinity without clipping.
+  double clip_gradients_norm(ShardedOptimizer& optimizer, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = true);
+  /// Every gradient element clamped into [-clip_value, clip_value], unscaled first under 16-mixed.
+  /// The seed refuses this under FSDP; an elementwise clamp of each rank's slice is exactly
+  /// torch.nn.utils.clip_grad_value_ of the whole gradients, so here it is done.
+  void clip_gradients_value(ShardedOptimizer& optimizer, double clip_value);
 
   /// Lightning's precision plugin around backward and the step. 16-mixed: `optimizer` has a
   /// ShardedGradScaler (made by setup_optimizer); scale_loss multiplies the loss by its scale
@@ -150,6 +164,12 @@ class Strategy {
   ShardedGradScaler* grad_scaler(const ShardedOptimizer& optimizer);
 
   void barrier();
+  /// `value` as rank `src` has it, on every rank (the seed's broadcast of any picklable object):
+  /// pickled there, unpickled here by the restricted unpickler, which runs nothing. A collective.
+  ckpt::pickle::ValuePtr broadcast(const ckpt::pickle::ValuePtr& value, int src = 0);
+  /// The seed's all_reduce: `tensor` reduced over every rank, by default to the mean (kAvg), or
+  /// kSum, kMax, kMin; returns the result, `tensor` unchanged. A collective.
+  torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kAvg);
 
   /// Saves `state` as Fabric's FSDPStrategy does: state_dict_type sharded, a DCP directory at
   /// `path` (a file there is replaced) with every value that is neither model nor optimizer in
