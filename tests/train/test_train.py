@@ -17,6 +17,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -617,8 +618,23 @@ def bad_data():
     r = subprocess.run([a.train, "--steps", "1", "--n-embd", "30", "--n-head", "4"], capture_output=True, text=True)
     assert r.returncode == 2, r.returncode
     assert "not a multiple of --n-head" in r.stderr, r.stderr
+    assert "rank 0:" not in r.stderr, r.stderr  # one rank: no rank named
+    r = train("--steps", "1", "--data", os.path.join(work, "no-such.bin"), expect=1)
+    assert "no-such.bin: cannot open the data file: No such file or directory" in r.stderr, r.stderr
     r = train("--steps", "1", "--resume", os.path.join(work, "nowhere"), expect=1)
+    assert "nowhere: no such checkpoint" in r.stderr, r.stderr
+    empty = os.path.join(work, "not-a-checkpoint")
+    os.makedirs(empty)
+    r = train("--steps", "1", "--resume", empty, expect=1)
     assert "not a complete checkpoint" in r.stderr, r.stderr
+    # A step that is not there: the ones that are, named.
+    d = os.path.join(work, "steps")
+    train("--steps", "2", "--save-every", "1", "--ckpt-dir", d)
+    r = train("--steps", "3", "--ckpt-dir", d, "--resume", os.path.join(d, "step-00000005"), expect=1)
+    assert "step-00000005: no such checkpoint; complete ones in " + d + ": step-00000001, step-00000002" in r.stderr, r.stderr
+    # The step line names each rank's peak RSS.
+    r = subprocess.run([a.train, *BASE[:-1], "--data", a.text, "--steps", "1", "--nproc", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and re.search(r"peak rss \d+/\d+ MiB \(rank 0/1\)", r.stdout), r.stdout + r.stderr
     # The CUDA-only settings: 16-mixed on the CPU is refused anywhere; --device cuda where this
     # build's LibTorch or this machine has no GPU (with one, it trains).
     r = train("--steps", "1", "--precision", "16-mixed", expect=2)

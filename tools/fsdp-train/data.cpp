@@ -2,6 +2,8 @@
 #include "fsdp-train/data.hpp"
 
 #include <filesystem>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 
@@ -34,8 +36,9 @@ std::vector<std::uint16_t> synthetic(int vocab, std::uint64_t seed) {
 }
 
 std::vector<std::uint16_t> from_file(const std::string& path, int vocab) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open the data file");
+  if (!in) throw std::runtime_error(path + ": cannot open the data file" + (errno ? std::string(": ") + std::strerror(errno) : std::string()));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::uint16_t> t;
   const bool bin = std::filesystem::path(path).extension() == ".bin";

@@ -279,9 +279,13 @@ class Trainer {
           char buf[256];
           std::snprintf(buf, sizeof buf, "step %lld/%lld  loss %.4f  lr %.3e  %.0f tok/s  %.1f ms/step  peak rss", static_cast<long long>(step),
                         static_cast<long long>(c_.steps), last_loss, lr, tokens / dt, dt * 1e3);
-          std::string line = buf;
-          for (std::size_t r = 0; r < rss.size(); ++r) line += (r ? "," : " ") + std::to_string(static_cast<long long>(rss[r]));
-          std::cout << line << " MiB" << std::endl;
+          // "peak rss 178 MiB"; several ranks: "peak rss 178/181 MiB (rank 0/1)".
+          std::string line = buf, ranks;
+          for (std::size_t r = 0; r < rss.size(); ++r) {
+            line += (r ? "/" : " ") + std::to_string(static_cast<long long>(rss[r]));
+            ranks += (r ? "/" : "") + std::to_string(r);
+          }
+          std::cout << line << " MiB" << (rss.size() > 1 ? " (rank " + ranks + ")" : std::string()) << std::endl;
         }
         if (log_.is_open()) {
           nlohmann::ordered_json j{{"step", step}, {"loss", last_loss}, {"lr", lr}, {"tokens_per_s", tokens / dt}, {"step_time_s", dt},
@@ -670,6 +674,14 @@ class Trainer {
         throw std::runtime_error("every checkpoint in " + c_.ckpt_dir + " is damaged (see the warnings); not starting over: pass --resume PATH or move them away");
       }
     }
+    if (!fs::exists(path)) {
+      // Name the checkpoints that are there: most often a step mistyped.
+      const fs::path where = c_.ckpt_dir.empty() ? path.parent_path() : fs::path(c_.ckpt_dir);
+      std::string there;
+      for (const auto& [s, p] : list_step_dirs(where.empty() ? fs::path(".") : where).complete) there += (there.empty() ? "" : ", ") + p.filename().string();
+      throw std::runtime_error(path.string() + ": no such checkpoint" +
+                               (there.empty() ? std::string() : "; complete ones in " + where.string() + ": " + there));
+    }
     if (!fs::is_regular_file(path) && !fs::exists(path / ".metadata")) {
       throw std::runtime_error(path.string() + ": not a complete checkpoint (no .metadata)");
     }
@@ -735,8 +747,11 @@ int run_rank(const TrainConfig& config, const std::map<std::string, std::string>
   } catch (const fsdp_tools::UsageError&) {
     throw;  // an option that does not fit the model: exit 2, as the command line's own
   } catch (const std::exception& e) {
+    // Several ranks: each error names its rank, once (libfsdp's may name it already); one rank:
+    // none.
     const std::string who = "rank " + std::to_string(rank) + ": ", what = e.what();
-    throw std::runtime_error(what.starts_with(who) ? what : who + what);  // once, where libfsdp named the rank already
+    if (world == 1) throw std::runtime_error(what.starts_with(who) ? what.substr(who.size()) : what);
+    throw std::runtime_error(what.starts_with(who) ? what : who + what);
   }
 }
 
