@@ -202,6 +202,13 @@ def init_from():
     r = train("--steps", "1", "--init-from", part, expect=1)
     assert "missing (1): head.ln_f.bias" in r.stderr, r.stderr
     train("--steps", "1", "--init-from", part, "--init-non-strict")
+    # Fine-tuning with the embeddings frozen: after training they are PyTorch's values bit for bit,
+    # and the rest has moved.
+    ft = os.path.join(d, "frozen")
+    train("--steps", "3", "--batch-size", "4", "--init-from", raw, "--freeze", "embed.*", "--ckpt-dir", ft, nproc=2)
+    after = torch.load(merged(os.path.join(ft, "step-00000003"), "frozen-model.pt", model_only=True), weights_only=True)["model"]
+    for name, t in state.items():
+        assert torch.equal(after[name], t) == name.startswith("embed."), f"{name}: frozen {name.startswith('embed.')}, changed {not torch.equal(after[name], t)}"
     # Usage errors exit 2: with --resume, a bad rename.
     train("--init-from", raw, "--resume", "latest", expect=2)
     train("--init-from", raw, "--init-rename", "s/(/x/", expect=2)
