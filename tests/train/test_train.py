@@ -743,6 +743,13 @@ def help_matches_man():
     helps = subprocess.run([a.train, "--help"], capture_output=True, text=True, check=True).stdout
     for opt in sorted(set(re.findall(r"--[a-z][a-z0-9-]+", helps))):
         assert opt.replace("-", "\\-") in text or opt in text, f"{opt} is not in {page}"
+    # Every default shown, none a placeholder for "not given" (issue 33).
+    assert not re.search(r"(INT|FLOAT|TEXT|UINT)[^ ]*=", helps), helps
+    for line in ("--nproc INT ", "--stop-at-step INT "):
+        shown = next(x for x in helps.splitlines() if line in x)
+        assert "(default:" not in shown, shown
+    assert re.search(r"--n-layer INT .*\[1 - 1024\] \(default: 2\)", helps), helps
+    assert re.search(r"--min-lr FLOAT .*\(default: --lr / 10\)$", helps, re.M), helps
     g = subprocess.run(["groff", "-man", "-ww", "-z", page], capture_output=True, text=True)
     assert g.returncode == 0 and not g.stderr, g.stderr
 

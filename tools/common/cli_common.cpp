@@ -19,12 +19,70 @@ std::string version_text(std::string_view program) {
   return std::string(program) + " " + FSDP_VERSION + " (" + FSDP_GIT_DESCRIBE + ")";
 }
 
+namespace {
+
+// --help as zstd's and the gguf tools' read: the option and the kind of value it takes
+// ("--n-layer INT", "--layout {fsdp,dtensor}"), then what it does, its range and its default
+// ("transformer blocks [1 - 1024] (default: 2)"). An option whose default is a placeholder for
+// "not given" (what its description explains) shows none: no_default() marks it.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    if (opt->get_type_size() == 0) return {};  // a flag
+    const auto [kind, check] = split(opt->get_type_name());
+    std::string out = " " + (check.starts_with("{") ? check : names_kind(check) ? check.substr(0, check.find('(')) : kind);
+    if (opt->get_expected_max() > 1) out += " ...";
+    if (opt->get_required()) out += " (required)";
+    return out;
+  }
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    std::string desc = opt->get_description();
+    if (opt->get_type_size() == 0) return desc;
+    const std::string check = split(opt->get_type_name()).second;
+    // A range or sign; a set is the value's kind already, and a validator of validators
+    // ("(A) OR (B)") is for the description to explain.
+    if (!check.empty() && !check.starts_with("{") && !check.starts_with("(") && !names_kind(check)) desc += " [" + range_text(check) + "]";
+    std::string d = opt->get_default_str();
+    if (d.size() >= 2 && d.front() == '[' && d.back() == ']') d = d.substr(1, d.size() - 2);  // a list's
+    if (!d.empty() && !opt->get_required()) desc += " (default: " + d + ")";
+    return desc;
+  }
+
+ private:
+  // "INT:INT in [1 - 1024]" -> ("INT", "INT in [1 - 1024]"): CLI11 joins the validators'
+  // descriptions to the type's name.
+  static std::pair<std::string, std::string> split(const std::string& type) {
+    const std::size_t colon = type.find(':');
+    if (colon == std::string::npos) return {type, {}};
+    return {type.substr(0, colon), type.substr(colon + 1)};
+  }
+  // A validator whose description is a kind of value (FILE, PATH, DIR): it stands for the value.
+  static bool names_kind(const std::string& check) {
+    return check == "FILE" || check == "PATH(existing)" || check == "DIR" || check == "PATH";
+  }
+  // "INT in [1 - 1024]" -> "1 - 1024"; "POSITIVE" -> "> 0"; "NONNEGATIVE" -> ">= 0".
+  static std::string range_text(const std::string& check) {
+    if (const std::size_t open = check.find('['); open != std::string::npos && check.back() == ']') {
+      return check.substr(open + 1, check.size() - open - 2);
+    }
+    if (check == "POSITIVE") return "> 0";
+    if (check == "NONNEGATIVE") return ">= 0";
+    return check;
+  }
+};
+
+}  // namespace
+
 void setup_app(CLI::App& app, std::string_view program, std::string_view description) {
   app.description(std::string(description));
   app.footer("See " + std::string(program) + "(1).");
   app.set_version_flag("--version", version_text(program), "print the version and exit");
+  app.formatter(std::make_shared<HelpFormatter>());
   app.get_formatter()->column_width(34);
+  app.option_defaults()->always_capture_default();
 }
+
+CLI::Option* no_default(CLI::Option* opt) { return opt->default_str(""); }
 
 namespace {
 
@@ -142,7 +200,7 @@ void add_write_flags(CLI::App& app, WriteFlags& f, const std::string& plan) {
   app.add_flag("--dry-run", f.dry_run, "print the plan (" + plan + ") and write nothing");
   app.add_flag("-f,--force", f.force, "replace OUTPUT when it exists (a file, an empty directory or an output of the same kind only)");
   app.add_flag("--verify", f.verify, "check every CRC-32 the input records as the copy reads it; a mismatch fails, writing nothing");
-  app.add_option("-j,--threads", f.threads, "threads to copy with (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
+  no_default(app.add_option("-j,--threads", f.threads, "threads to copy with (default: the machine's cores)"))->check(CLI::Range(1u, 1024u));
   app.add_flag("-q,--quiet", f.quiet, "draw no progress bar");
   app.add_flag("--json", f.json, "print the result (or the plan) as one JSON object");
 }

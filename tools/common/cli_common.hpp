@@ -21,7 +21,12 @@ namespace fsdp_tools {
 std::string version_text(std::string_view program);
 
 /// Sets the description, the "See <program>(1)." footer and --version on `app`.
+/// Every tool's App: its description, footer, --version, and the shared --help layout (each
+/// option's kind of value, range and default; options added afterwards capture their defaults).
 void setup_app(CLI::App& app, std::string_view program, std::string_view description);
+/// Marks an option whose default only means "not given" (its description says what happens
+/// then): --help shows no default for it. Returns `opt`.
+CLI::Option* no_default(CLI::Option* opt);
 
 /// Parses argv; returns std::nullopt to go on, or the exit code: 0 after --help/--version, 2 after
 /// a usage error (message on stderr).

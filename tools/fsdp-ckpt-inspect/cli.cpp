@@ -35,7 +35,7 @@ InspectApp make_inspect_app(InspectCliOptions& o) {
   a.stats = app.add_subcommand("stats", "per-tensor min, max, mean, std, max-abs, NaN and Inf counts");
   a.stats->add_option("path", o.stats_path, "checkpoint to read")->required()->check(CLI::ExistingPath);
   a.stats->add_option("--tensor", o.tensor_glob, "only tensors matching this glob");
-  a.stats->add_option("-j,--threads", o.threads, "threads to use (default: the machine's cores)")->check(CLI::Range(1u, 1024u));
+  no_default(a.stats->add_option("-j,--threads", o.threads, "threads to use (default: the machine's cores)"))->check(CLI::Range(1u, 1024u));
   a.stats->add_flag("--json", o.json, "print one JSON object instead of the table");
   a.stats->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
 

@@ -24,7 +24,7 @@ std::unique_ptr<CLI::App> make_shard_app(ShardCliOptions& o) {
       ->check(CLI::IsMember({"dcp", "hf-safetensors"}));
   app->add_option("--replicate", o.replicate, "keep tensors whose FQN matches GLOB whole, written once (repeatable)")->allow_extra_args(false);
   app->add_option("--files-per-rank", o.files_per_rank, "data files per rank, as DCP's thread_count writes them")->check(CLI::Range(1, 1024));
-  app->add_option("--compress", o.compress, "write items with the stream.zstd/1 transform: zstd or zstd:LEVEL (1-19)");
+  app->add_option("--compress", o.compress, "write items with the stream.zstd/1 transform: zstd (level 3) or zstd:LEVEL (1-19); default: uncompressed");
   app->add_option("--dtype", o.dtype, "cast the model's floating tensors to bf16, fp16, fp32 or fp64 (round to nearest even)")
       ->check(CLI::IsMember(float_dtype_names()));
   app->add_option("--cast-include", o.cast_include, "with --dtype, also cast the floating tensors matching GLOB (optimizer state, say); repeatable");

@@ -18,7 +18,6 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   fsdp_tools::setup_app(*app, "fsdp-train",
                         "Train a model with fully sharded data parallelism (libfsdp) on one or more ranks, with sharded "
                         "checkpoints that PyTorch reads as its own, and resume them at any world size.");
-  app->option_defaults()->always_capture_default();
   auto* m = "Model";
   auto* model = app->add_option("--model", c.model, "gpt (decoder-only transformer) or mlp (embedding, one hidden layer)")->check(CLI::IsMember({"gpt", "mlp"}))->group(m);
   app->add_option("--model-script", c.model_script,
@@ -42,7 +41,7 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("-b,--batch-size", c.batch_size, "sequences per rank per micro-batch (the global batch is this x ranks x --accumulate)")->check(CLI::Range(1, 1 << 20))->group(t);
   app->add_option("--accumulate", c.accumulate, "micro-batches per optimizer step (gradients reduced once, after the last: no_sync)")->check(CLI::Range(1, 1 << 16))->group(t);
   app->add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber)->group(t);
-  app->add_option("--min-lr", c.min_lr, "learning rate at the last step of the cosine decay (default: --lr / 10)")->group(t);
+  fsdp_tools::no_default(app->add_option("--min-lr", c.min_lr, "learning rate at the last step of the cosine decay (default: --lr / 10)"))->group(t);
   app->add_option("--warmup", c.warmup, "linear warmup steps")->check(CLI::NonNegativeNumber)->group(t);
   app->add_option("--optimizer", c.optimizer, "adamw or sgd (PyTorch's update rules)")->check(CLI::IsMember({"adamw", "sgd"}))->group(t);
   app->add_option("--weight-decay", c.weight_decay,
@@ -119,9 +118,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--timeout", c.timeout, "seconds a collective may wait for the other ranks")->check(CLI::PositiveNumber)->group(s);
   app->add_option("--threads", c.threads, "intra-op threads per rank, LibTorch's and OpenBLAS's (0: the machine's cores shared among the local ranks)")->check(CLI::Range(0, 4096))->group(s);
   auto* l = "Launching";
-  app->add_option("--nproc", c.nproc,
-                  "start N local ranks (without it, one rank of the world that RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, "
-                  "torchrun or SLURM describe, or a world of one)")->check(CLI::Range(1, 4096))->group(l);
+  fsdp_tools::no_default(app->add_option("--nproc", c.nproc,
+                                         "start N local ranks (without it, one rank of the world that RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, "
+                                         "torchrun or SLURM describe, or a world of one)"))
+      ->check(CLI::Range(1, 4096))->group(l);
   auto* o = "Output";
   app->add_option("--log-every", c.log_every, "print a line every K steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))->group(o);
   app->add_option("--log-jsonl", c.log_jsonl, "write one JSON object per step and per evaluation to FILE")->group(o);
@@ -134,9 +134,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_flag("-f,--force", c.force,
                 "without --resume: start from step 0 although --ckpt-dir holds an earlier run's checkpoints, removing them")
       ->group(k);
-  app->add_option("--stop-at-step", c.stop_at_step,
-                  "save and exit 0 after this step, as on SIGTERM; the learning-rate schedule still ends at --steps "
-                  "(for runs split across time-limited jobs)")->check(CLI::NonNegativeNumber)->group(k);
+  fsdp_tools::no_default(app->add_option("--stop-at-step", c.stop_at_step,
+                                         "save and exit 0 after this step, as on SIGTERM; the learning-rate schedule still ends at --steps "
+                                         "(for runs split across time-limited jobs)"))
+      ->check(CLI::NonNegativeNumber)->group(k);
   app->add_option("--state-dict-type", c.state_dict_type,
                   "sharded (a DCP directory, as FSDP's SHARDED_STATE_DICT and Lightning save it) or full (one torch.save file "
                   "step-N.pt written by rank 0, as Lightning's full checkpoint)")
