@@ -309,7 +309,45 @@ def test_huggingface_folders():
     assert r.returncode == 1 and "weight_map names 'lm_head.weight' in pytorch_model-00001-of-00002.bin, which does not hold it" in r.stderr, r.stderr
 
 
+def test_shared_containers():
+    """torch.optim's state_dict() with two groups pickles one betas tuple, shared by both groups (a
+    memo GET): it is listed under each group, and a merge keeps both. Shared lists nested 40 deep
+    (2^40 paths) are refused, quickly and in little memory, instead of listed without end."""
+    m = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW([{"params": [m.weight], "weight_decay": 0.1}, {"params": [m.bias], "weight_decay": 0.0}])
+    m(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["betas"] is sd["param_groups"][1]["betas"]  # what makes the pickle share it
+    path = os.path.join(work, "two_groups.pt")
+    torch.save({"model": m.state_dict(), "optimizer": sd}, path)
+    r = subprocess.run([a.inspect, "--json", path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    names = {e["name"] for e in __import__("json").loads(r.stdout)["entries"]}
+    for g in (0, 1):
+        for i in (0, 1):
+            assert f"optimizer.param_groups.{g}.betas.{i}" in names, sorted(n for n in names if "betas" in n)
+    out = os.path.join(work, "two_groups_merged.pt")
+    r = subprocess.run([a.merge, path, "-o", out, "-q"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    merged = torch.load(out)
+    for g, group in enumerate(sd["param_groups"]):
+        for k, v in group.items():
+            got = [merged[f"optimizer.param_groups.{g}.{k}.{i}"] for i in range(len(v))] if isinstance(v, (list, tuple)) \
+                else merged[f"optimizer.param_groups.{g}.{k}"]
+            assert got == list(v) if isinstance(v, (list, tuple)) else got == v, (g, k, got, v)
+    x = [1]
+    for _ in range(40):
+        x = [x, x]
+    bomb = os.path.join(work, "shared_40_deep.pt")
+    torch.save(x, bomb)
+    r = subprocess.run(["/usr/bin/time", "-f", "%M", a.inspect, bomb], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "shared containers are reached by so many paths" in r.stderr, r.stderr
+    assert int(r.stderr.strip().splitlines()[-1]) < 768 * 1024, r.stderr  # peak RSS in KiB
+
+
 check("our writer's sample loads with torch.load(weights_only=True)", test_our_sample_loads_weights_only)
+check("shared containers (torch.optim's betas) are listed under each path; 2^40 paths are refused", test_shared_containers)
 check("our reader agrees with torch.load on torch.save files", test_reader_on_torch_files)
 check("re-saving a torch.save file reproduces torch's bytes", test_resave_is_byte_identical_to_torch)
 check("re-saved files (current layout) load with weights_only=True", test_resave_current_layout_loads_weights_only)

@@ -38,7 +38,23 @@ class TreeReader {
       record_keys(path);
       return;
     }
-    if (!visited_.insert(v.get()).second) return;  // shared containers are listed once
+    // A container the pickle shares (memoized and referenced again: torch.optim's state_dict()
+    // shares one betas tuple among its groups) is listed under every path that reaches it, as
+    // Python sees it under each key. One that contains itself is a cycle, listed once; and the
+    // entries listed again are bounded, so that shared containers nested in each other (2^depth
+    // paths) are refused rather than listed without end.
+    if (on_path_.count(v.get())) return;
+    const bool again = !walked_.insert(v.get()).second;
+    if (again || relisting_ > 0) {
+      const std::size_t n = items ? items->size() : seq ? seq->size() : o->list_items.size() + o->dict_items.size();
+      relisted_ += n;
+      if (relisted_ > kMaxRelisted) {
+        fail(*v, "shared containers are reached by so many paths that listing them would exceed " + std::to_string(kMaxRelisted) +
+                     " entries (a pickle built to expand)");
+      }
+    }
+    on_path_.insert(v.get());
+    relisting_ += again ? 1 : 0;
     if (items) {
       for (const auto& [k, x] : *items) walk_under(k, x, join(path, key_text(*k)));
     } else if (seq) {
@@ -52,6 +68,8 @@ class TreeReader {
       if (o->state) walk_state(o->state, path);
       keys_.pop_back();
     }
+    relisting_ -= again ? 1 : 0;
+    on_path_.erase(v.get());
   }
 
   // Storages that only tensors of kinds we do not list reference (quantized, sparse, subclasses)
@@ -291,7 +309,12 @@ class TreeReader {
   std::vector<ValuePtr> keys_;  ///< the keys from the root to the value walk() is at
   std::string pkl_;
   const LocateStorage& locate_;
-  std::unordered_set<const Value*> visited_;
+  /// Entries that listing shared containers again may add (NOTE in walk()).
+  static constexpr std::uint64_t kMaxRelisted = std::uint64_t{1} << 20;
+  std::unordered_set<const Value*> walked_;   ///< containers listed at least once
+  std::unordered_set<const Value*> on_path_;  ///< the containers from the root to the value walk() is at
+  std::size_t relisting_ = 0;                 ///< > 0: inside a container listed again
+  std::uint64_t relisted_ = 0;                ///< entries listed again so far
 };
 
 }  // namespace
