@@ -64,16 +64,17 @@ ckpt::SourcePtr bytes_of(const torch::Tensor& t) {
   return ckpt::memory_source(std::move(b));
 }
 
-/// One tensor of the state dict, full on every rank, written as FSDP writes it: chunked on dim 0
-/// (torch.chunk) into `n_pieces`, piece r in rank r's file and given bytes by the rank whose `piece`
-/// it is (-1: none); a 0-d tensor once, by piece 0.
-ckpt::DcpWriteTensor chunked(const std::string& fqn, const torch::Tensor& t, int piece, int n_pieces) {
+/// One tensor of the state dict as FSDP writes it, described: chunked on dim 0 (torch.chunk) into
+/// `n_pieces`, piece r in rank r's file number `file`; a 0-d tensor once, by piece 0. fill() gives
+/// a piece its bytes.
+ckpt::DcpWriteTensor described(const std::string& fqn, c10::ScalarType dtype, const std::vector<std::int64_t>& shape, int n_pieces, int file) {
   ckpt::DcpWriteTensor w;
   w.fqn = fqn;
-  w.dtype = to_ckpt(t.scalar_type());
-  w.shape = t.sizes().vec();
+  w.dtype = to_ckpt(dtype);
+  w.shape = shape;
+  w.file = file;
   if (w.shape.empty()) {
-    w.chunks.push_back({0, {}, {}, piece == 0 ? bytes_of(t) : nullptr});
+    w.chunks.push_back({0, {}, {}, nullptr});
     return w;
   }
   const auto pieces = ckpt::chunk_pieces(w.shape[0], n_pieces);
@@ -81,10 +82,16 @@ ckpt::DcpWriteTensor chunked(const std::string& fqn, const torch::Tensor& t, int
     std::vector<std::int64_t> offsets(w.shape.size(), 0), sizes = w.shape;
     offsets[0] = pieces[r].first;
     sizes[0] = pieces[r].second;
-    const bool mine = static_cast<int>(r) == piece;
-    w.chunks.push_back({static_cast<int>(r), offsets, sizes, mine ? bytes_of(t.narrow(0, pieces[r].first, pieces[r].second)) : nullptr});
+    w.chunks.push_back({static_cast<int>(r), offsets, sizes, nullptr});
   }
   return w;
+}
+
+/// Gives `w`'s chunk `piece` (-1: none) the bytes of its rows of `t`, the whole tensor.
+void fill(ckpt::DcpWriteTensor& w, const torch::Tensor& t, int piece) {
+  if (piece < 0 || static_cast<std::size_t>(piece) >= w.chunks.size()) return;
+  ckpt::DcpWriteChunk& c = w.chunks[static_cast<std::size_t>(piece)];
+  c.data = w.shape.empty() ? bytes_of(t) : bytes_of(t.narrow(0, c.offsets[0], c.sizes[0]));
 }
 
 ckpt::pickle::ValuePtr path_of(std::initializer_list<std::string> keys) {
@@ -194,6 +201,15 @@ void for_each_param_state(FullyShardedSequential& model, ShardedOptimizer& optim
 
 }  // namespace
 
+// NOTE [A sharded save, file by file]: a rank's chunks are copies of rows of whole parameters (and
+// optimizer moments), which FSDP holds flattened and sharded otherwise; so each unit is gathered in
+// turn, the rank's rows copied out of it, and the unit freed. Each rank's chunks go into its data
+// files unit by unit: consecutive units share a file until their chunks reach kSaveFileBytes, and
+// a file is written as soon as its units are, its chunks freed then. A rank so holds at most one
+// unit's full values and about one file's chunks (SaveOptions::file_bytes), not its part of the
+// whole state. Every rank gathers the same units in the same order (the gathers are collectives)
+// and derives the same plan, so no rank sends another anything but the gathers.
+
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
   const int rank = group.rank(), world = group.size();
   // Each tensor in as many dim-0 pieces as a unit has shards; under HYBRID_SHARD the replicas
@@ -201,36 +217,77 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   const int pieces = model.strategy() == ShardingStrategy::kHybridShard ? model.shard_group().size() : world;
   const int piece = rank < pieces ? rank : -1;
   if (o.model_filter) throw Error("a sharded checkpoint cannot be filtered (it could not be loaded): save a full one");
+  torch::NoGradGuard no_grad;
+  const auto& units = model.units();
+  // Which file each unit's chunks go to (the same on every rank: from sizes alone).
+  std::vector<int> file_of(units.size(), 0);
+  {
+    int file = 0;
+    std::int64_t bytes = 0;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (!units[u]) continue;
+      if (bytes >= o.file_bytes) {
+        ++file;
+        bytes = 0;
+      }
+      file_of[u] = file;
+      std::int64_t copies = 1;
+      for (const auto& [key, optimizer] : o.optimizers) copies += static_cast<std::int64_t>(optimizer->buffer_names().size());
+      bytes += units[u]->padded_numel() * static_cast<std::int64_t>(units[u]->shard().element_size()) * copies / pieces;
+    }
+  }
+  const int files = units.empty() ? 1 : *std::max_element(file_of.begin(), file_of.end()) + 1;
+  // Every tensor described up front, in the model's order and then each optimizer's; the data of
+  // this rank's chunks is filled in unit by unit.
   std::vector<ckpt::DcpWriteTensor> tensors;
   std::vector<ckpt::DcpWriteObject> objects;
   ckpt::DcpWriteOptions options;
   options.world_size = world;
   options.overwrite = ckpt::Overwrite::kYes;
-  torch::NoGradGuard no_grad;
-  // One unit gathered at a time, this rank's pieces copied out of it; then in the model's order.
-  std::map<std::string, ckpt::DcpWriteTensor> made;
-  std::vector<std::string> names;
-  model.visit_full_state([&](const std::string& name, const torch::Tensor& t) {  // a collective
-    made.emplace(name, chunked(o.model_key + "." + name, t, piece, pieces));
-    names.push_back(name);
-  });
-  // A buffer is whole on every rank: one chunk, written by rank 0 (as DCP writes a replicated item once).
-  for (const auto& [name, t] : model.buffers()) {
-    made.emplace(name, chunked(o.model_key + "." + name, t.detach(), rank == 0 ? 0 : -1, 1));
-    names.push_back(name);
-  }
-  for (const std::string& name : model.in_model_order(std::move(names))) {
-    tensors.push_back(std::move(made.at(name)));
-    options.planner_data.set(tensors.back().fqn, path_of({o.model_key, name}));
-  }
-  for (const auto& [key, optimizer] : o.optimizers) {
-    for_each_param_state(model, *optimizer, [&](const std::string& p, const auto& state) {
-      for (const auto& [b, t] : state) {
-        const std::string fqn = key + ".state." + p + "." + b;
-        tensors.push_back(chunked(fqn, t, piece, pieces));
-        options.planner_data.set(fqn, path_of({key, "state", p, b}));
+  std::map<std::string, std::size_t> model_index;  // parameter or buffer name -> tensor
+  {
+    std::map<std::string, std::pair<std::vector<std::int64_t>, c10::ScalarType>> shapes;
+    std::map<std::string, int> file_of_name;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (!units[u]) continue;
+      for (const auto& p : units[u]->params()) {
+        shapes.emplace(p.fqn, std::pair{p.shape, units[u]->shard().scalar_type()});
+        file_of_name.emplace(p.fqn, file_of[u]);
       }
-    });
+    }
+    for (const auto& [name, t] : model.buffers()) shapes.emplace(name, std::pair{t.sizes().vec(), t.scalar_type()});
+    std::vector<std::string> names;
+    for (const auto& [name, shape] : shapes) names.push_back(name);
+    for (const std::string& name : model.in_model_order(std::move(names))) {
+      const auto& [shape, dtype] = shapes.at(name);
+      const auto f = file_of_name.find(name);
+      // A buffer is whole on every rank: one chunk, written by rank 0 into its first file.
+      const bool buffer = f == file_of_name.end();
+      model_index.emplace(name, tensors.size());
+      tensors.push_back(described(o.model_key + "." + name, dtype, shape, buffer ? 1 : pieces, buffer ? 0 : f->second));
+      options.planner_data.set(tensors.back().fqn, path_of({o.model_key, name}));
+    }
+  }
+  // optimizer k, parameter, buffer -> tensor
+  std::vector<std::map<std::pair<std::string, std::string>, std::size_t>> state_index(o.optimizers.size());
+  for (std::size_t k = 0; k < o.optimizers.size(); ++k) {
+    const auto& [key, optimizer] = o.optimizers[k];
+    const bool has_step = optimizer->options().kind == OptimizerKind::kAdamW;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (!units[u]) continue;
+      for (const auto& p : units[u]->params()) {
+        if (p.alias_of >= 0 || !optimizer->group_of(p.fqn)) continue;
+        std::vector<std::pair<std::string, std::vector<std::int64_t>>> state;
+        if (has_step) state.emplace_back("step", std::vector<std::int64_t>{});
+        for (const auto& b : optimizer->buffer_names()) state.emplace_back(b, p.shape);
+        for (const auto& [b, shape] : state) {
+          const std::string fqn = key + ".state." + p.fqn + "." + b;
+          state_index[k].emplace(std::pair{p.fqn, b}, tensors.size());
+          tensors.push_back(described(fqn, b == "step" ? c10::ScalarType::Float : units[u]->shard().scalar_type(), shape, pieces, file_of[u]));
+          options.planner_data.set(fqn, path_of({key, "state", p.fqn, b}));
+        }
+      }
+    }
     objects.push_back({key + ".param_groups", param_groups(*optimizer, {}), 0});
     options.planner_data.set(key + ".param_groups", path_of({key, "param_groups"}));
   }
@@ -247,7 +304,38 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
       std::filesystem::remove_all(into, ec);
     }
     group.barrier();
-    ckpt::write_dcp_rank_files(into, tensors, objects, options, rank);
+    for (const auto& [name, t] : model.buffers()) fill(tensors[model_index.at(name)], t.detach(), rank == 0 ? 0 : -1);
+    std::size_t u = 0;
+    for (int file = 0; file < files; ++file) {
+      for (; u < units.size() && (!units[u] || file_of[u] == file); ++u) {
+        const auto& unit = units[u];
+        if (!unit) continue;
+        std::vector<torch::Tensor> values = unit->unflatten(unit->shard().detach());  // a collective
+        for (std::size_t i = 0; i < values.size(); ++i) fill(tensors[model_index.at(unit->params()[i].fqn)], values[i], piece);
+        values.clear();
+        for (std::size_t k = 0; k < o.optimizers.size(); ++k) {
+          ShardedOptimizer& optimizer = *o.optimizers[k].optimizer;
+          auto stepped = [&](const FlatUnit::Param& p) { return p.alias_of < 0 && optimizer.group_of(p.fqn); };
+          if (std::none_of(unit->params().begin(), unit->params().end(), stepped)) continue;
+          for (const auto& p : unit->params()) {
+            const auto it = state_index[k].find({p.fqn, "step"});
+            if (stepped(p) && it != state_index[k].end()) fill(tensors[it->second], torch::tensor(static_cast<float>(optimizer.steps())), piece);
+          }
+          for (const auto& b : optimizer.buffer_names()) {
+            std::vector<torch::Tensor> full = unit->unflatten(optimizer.buffer(u, b));  // a collective
+            for (std::size_t i = 0; i < full.size(); ++i) {
+              if (stepped(unit->params()[i])) fill(tensors[state_index[k].at({unit->params()[i].fqn, b})], full[i], piece);
+            }
+          }
+        }
+      }
+      ckpt::write_dcp_rank_files(into, tensors, objects, options, rank, file);
+      for (ckpt::DcpWriteTensor& t : tensors) {
+        if (std::max(t.file, 0) == file) {
+          for (ckpt::DcpWriteChunk& c : t.chunks) c.data = nullptr;
+        }
+      }
+    }
     if (rank == 0 && o.meta) {
       auto sink = ckpt::open_file_sink(into / "meta.pt", ckpt::Overwrite::kYes);
       ckpt::TorchSaveBuilder().write(*sink, *o.meta);

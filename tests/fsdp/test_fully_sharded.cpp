@@ -414,7 +414,12 @@ int rank_main(const std::string& strategy) {
               << " steps, not twice a step\n";
     return 1;
   }
-  if (const char* dir = std::getenv("FSDP_TEST_SAVE_DIR")) fsdp::save_sharded(dir, m, pg);
+  if (const char* dir = std::getenv("FSDP_TEST_SAVE_DIR")) {
+    fsdp::SaveOptions so;
+    // A file per unit: the save writes each rank's files one by one (NOTE [A sharded save, file by file]).
+    if (const char* bytes = std::getenv("FSDP_TEST_SAVE_FILE_BYTES")) so.file_bytes = std::atoll(bytes);
+    fsdp::save_sharded(dir, m, pg, so);
+  }
   if (to != kSteps) return 0;  // the first half of a resumed run: nothing to compare yet
   const auto got = m.full_state_dict();
   auto want = low ? reference_param_dtype(pg.size()) : reference();
@@ -488,8 +493,10 @@ const fsdp_test::Mode kSave{"save", [](const std::string& out) {
   for (const auto& [strategy, world, mesh] : std::vector<Case>{{"FULL_SHARD", 2, nullptr}, {"SHARD_GRAD_OP", 3, nullptr}, {"HYBRID_SHARD", 4, "2,2"}}) {
     ::setenv("FSDP_TEST_SAVE_DIR", (out + "/" + strategy + "_w" + std::to_string(world)).c_str(), 1);
     if (mesh) ::setenv("FSDP_TEST_MESH", mesh, 1);
+    if (world == 3) ::setenv("FSDP_TEST_SAVE_FILE_BYTES", "1", 1);  // PyTorch reads a rank's several files too
     ok = fsdp_test::launch_ranks(strategy, world) && ok;
     ::unsetenv("FSDP_TEST_MESH");
+    ::unsetenv("FSDP_TEST_SAVE_FILE_BYTES");
   }
   return ok ? 0 : 1;
 }};
@@ -505,6 +512,17 @@ bool ranks_with(const std::string& strategy, int world, const std::vector<std::p
 
 TEST_CASE("fsdp: 3 steps at world size 2, saved, resumed at world size 3 for 2 more equals 5 single-process steps", "[fsdp]") {
   CHECK(save_then_resume("FULL_SHARD", 2, nullptr, "SHARD_GRAD_OP", 3));
+}
+
+TEST_CASE("fsdp: a save written file by file (a data file per unit and rank) resumes at world size 3 as 5 single-process steps", "[fsdp]") {
+  ::setenv("FSDP_TEST_SAVE_FILE_BYTES", "1", 1);
+  CHECK(save_then_resume("FULL_SHARD", 2, nullptr, "FULL_SHARD", 3, [](const std::string& dir) {
+    // Each rank wrote one file per unit, each holding that unit's chunks.
+    int files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.path().extension() == ".distcp";
+    return files > 2 && std::filesystem::file_size(dir + "/__0_1.distcp") > 0 && std::filesystem::file_size(dir + "/__1_1.distcp") > 0;
+  }));
+  ::unsetenv("FSDP_TEST_SAVE_FILE_BYTES");
 }
 
 TEST_CASE("fsdp: a checkpoint chunked along dim 1 loads at world size 2 and 3, each rank reading its rows", "[fsdp]") {

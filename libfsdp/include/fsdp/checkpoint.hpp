@@ -30,6 +30,11 @@ struct SaveOptions {
   /// Non-null: rank 0 writes it as `meta.pt` (a torch.save file), as Lightning keeps a sharded
   /// checkpoint's other state, before `.metadata`.
   ckpt::pickle::ValuePtr meta;
+  /// save_sharded: consecutive units' chunks share one of a rank's data files until they reach
+  /// this many bytes; each file is written, and its chunks freed, as soon as its units are
+  /// (NOTE [A sharded save, file by file] in ckpt_bridge.cpp). What a rank holds beyond its shards
+  /// is about one file's chunks and one unit's full values.
+  std::int64_t file_bytes = std::int64_t{16} << 20;
   /// Set: only the parameters (by FQN) it accepts are saved, with their optimizer state (save_full
   /// only: a sharded checkpoint with a filter could not be loaded, so save_sharded refuses one).
   std::function<bool(const std::string& fqn)> model_filter;

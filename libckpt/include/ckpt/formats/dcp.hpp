@@ -24,6 +24,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -49,6 +50,10 @@ struct DcpWriteTensor {
   std::vector<std::int64_t> shape;
   std::vector<DcpWriteChunk> chunks;
   bool requires_grad = false;
+  /// Which of each rank's data files holds this tensor's chunks (__{rank}_{file}.distcp); -1: file
+  /// 0, or DCP's split when no tensor names one. A save that writes a rank's files one at a time
+  /// (write_dcp_rank_files with `file`) places its tensors so.
+  int file = -1;
 };
 
 /// A non-tensor value, written as a bytes item (a torch.save archive of `value`) by `rank`.
@@ -89,9 +94,13 @@ void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTenso
 /// checkpoint alike, but only the chunks of its own `rank` need their data. Each writes its files
 /// with write_dcp_rank_files; then, once every rank has (a barrier), one process writes `.metadata`
 /// with write_dcp_metadata, which refuses while a data file is missing or short. Item offsets
-/// follow from the plan, so no process sends another anything; uncompressed only.
+/// follow from the plan, so no process sends another anything; uncompressed only. With `file`,
+/// only that one of the rank's files is written, and only its chunks need their data: a caller
+/// that makes its data piece by piece writes each file as soon as its chunks are made
+/// (DcpWriteTensor::file places them).
 void write_dcp_rank_files(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
-                          const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options, int rank);
+                          const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options, int rank,
+                          std::optional<int> file = std::nullopt);
 void write_dcp_metadata(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
                         const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options);
 

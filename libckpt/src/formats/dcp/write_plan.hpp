@@ -89,6 +89,9 @@ struct DcpPlan {
   std::vector<DcpPlanTensor> tensors;
   DcpPlanChunks chunks;  ///< the tensors' chunks
   std::vector<DcpPlanObject> objects;
+  /// Set (one per tensor): which of each rank's files holds that tensor's chunks, bytes items in
+  /// file 0; files_per_rank covers them all. Empty: plan_dcp_files splits as DCP does.
+  std::vector<int> tensor_files;
   /// Adds the tasks that make the elements of chunk `chunk` of tensor `tensor` (C order, the
   /// tensor's dtype) at `base` in CRC group `group`, each task at most `max_task` bytes. One for
   /// the plan, not one per chunk: a reshard plans 300,000 chunks.
@@ -148,7 +151,7 @@ void validate_dcp_plan(const DcpPlan& plan);
 
 /// Every rank's files, empty ones included. With files_per_rank K > 1, bytes items are dealt
 /// round-robin and tensor items, largest first, each into the file with the fewest bytes so far
-/// (DCP's thread_count split).
+/// (DCP's thread_count split), unless the plan's tensor_files places them.
 std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan);
 
 /// Whether write_dcp_files returns where each item went, or (uncompressed) nothing: there an

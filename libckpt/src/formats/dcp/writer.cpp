@@ -433,6 +433,11 @@ std::vector<DcpFilePlan> plan_dcp_files(const DcpPlan& plan) {
       const DcpPlanTensor& t = plan.tensors[r.index];
       return box_volume(plan.chunks.get(t, r.chunk).sizes) * element_size(t.dtype);
     };
+    if (!plan.tensor_files.empty()) {  // placed by the caller, in plan order within each file
+      files[first].items.insert(files[first].items.end(), objects.begin(), objects.end());
+      for (const auto& r : tensors) files[first + static_cast<std::size_t>(plan.tensor_files[r.index])].items.push_back(r);
+      continue;
+    }
     if (k == 1) {  // the list as it is, made once (grown by doubling, a reshard's held up to twice its size)
       DcpFilePlan& f = files[first];
       f.items.reserve(objects.size() + tensors.size());
@@ -541,8 +546,10 @@ namespace {
 
 // The plan write_dcp and the per-rank writes share. Chunks of ranks in `data_needed` (all, when
 // empty) must carry their bytes; the others describe the box only.
+// The plan of a save. `only_rank`, `only_file`: the chunks whose data must be there (a rank's, in
+// one of its files); the others are described only.
 detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::vector<DcpWriteObject>& objects,
-                        const DcpWriteOptions& options, std::optional<int> only_rank) {
+                        const DcpWriteOptions& options, std::optional<int> only_rank, std::optional<int> only_file = std::nullopt) {
   if (options.world_size < 1) throw Error(ErrorKind::kInvalidArgument, "world size must be at least 1");
   detail::DcpPlan plan;
   plan.world_size = options.world_size;
@@ -557,11 +564,17 @@ detail::DcpPlan plan_of(const std::vector<DcpWriteTensor>& tensors, const std::v
     add_range_tasks(tasks, data, 0, data->size(), base, group, max_task);
   };
   std::size_t position = 0;
+  const bool placed = std::any_of(tensors.begin(), tensors.end(), [](const DcpWriteTensor& t) { return t.file >= 0; });
   for (const DcpWriteTensor& t : tensors) {
     detail::DcpPlanTensor& p = plan.tensors.emplace_back(detail::DcpPlanTensor{.fqn = t.fqn, .position = position++, .dtype = t.dtype, .requires_grad = t.requires_grad, .shape = t.shape});
+    const int file = std::max(t.file, 0);
+    if (placed) {
+      plan.tensor_files.push_back(file);
+      plan.files_per_rank = std::max(plan.files_per_rank, file + 1);
+    }
     for (const DcpWriteChunk& c : t.chunks) {
       const std::uint64_t need = box_volume(c.sizes) * element_size(t.dtype);
-      const bool needed = !only_rank || c.rank == *only_rank;
+      const bool needed = (!only_rank || c.rank == *only_rank) && (!only_file || file == *only_file);
       if (needed && (!c.data || c.data->size() != need)) {
         throw Error(ErrorKind::kInvalidArgument, "tensor '" + t.fqn + "': chunk data holds " +
                                                      (c.data ? std::to_string(c.data->size()) : std::string("no")) +
@@ -605,16 +618,20 @@ void write_dcp(const std::filesystem::path& dir, const std::vector<DcpWriteTenso
 }
 
 void write_dcp_rank_files(const std::filesystem::path& dir, const std::vector<DcpWriteTensor>& tensors,
-                          const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options, int rank) {
+                          const std::vector<DcpWriteObject>& objects, const DcpWriteOptions& options, int rank, std::optional<int> file) {
   if (options.compression != DcpCompression::kNone) {
     throw Error(ErrorKind::kUnsupported, "a save shared by several processes is written uncompressed (the item offsets must follow from the plan)");
   }
   if (rank < 0 || rank >= options.world_size) throw Error(ErrorKind::kInvalidArgument, "rank " + std::to_string(rank) + " is not in the world");
-  const detail::DcpPlan plan = plan_of(tensors, objects, options, rank);
+  const detail::DcpPlan plan = plan_of(tensors, objects, options, rank, file);
+  if (file && (*file < 0 || *file >= plan.files_per_rank)) throw Error(ErrorKind::kInvalidArgument, "file " + std::to_string(*file) + " is not one the tensors name");
   create_dir(dir);
   std::vector<detail::DcpFilePlan> mine;
+  int n = 0;
   for (detail::DcpFilePlan& f : detail::plan_dcp_files(plan)) {
-    if (f.rank == rank) mine.push_back(std::move(f));
+    if (f.rank != rank) continue;
+    if (!file || n == *file) mine.push_back(std::move(f));
+    ++n;
   }
   detail::write_dcp_files(*directory_files(dir), plan, mine, {}, detail::ItemPlaces::kFromPlan);
 }
