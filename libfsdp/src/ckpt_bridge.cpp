@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "ckpt/checkpoint.hpp"
 #include "ckpt/error.hpp"
@@ -174,31 +175,6 @@ torch::Tensor read_range(const ckpt::ChunkReader& reader, const ckpt::TensorEntr
   return band.reshape({-1}).narrow(0, begin - r0 * row, end - begin);
 }
 
-// The optimizer state of each parameter it steps, unit by unit: `step` (AdamW, a 0-d float32)
-// and then every buffer as a full tensor; a tied parameter once, under its first name (as
-// torch.optim sees it: model.parameters() yields it once), a frozen one not at all. Gathering a
-// buffer is a collective, so every rank calls this; `fn(param_fqn, {(name, tensor)...})` runs on
-// every rank.
-template <class Fn>
-void for_each_param_state(FullyShardedSequential& model, ShardedOptimizer& optimizer, Fn&& fn) {
-  const bool has_step = optimizer.options().kind == OptimizerKind::kAdamW;
-  for (std::size_t u = 0; u < model.units().size(); ++u) {
-    const auto& unit = model.units()[u];
-    if (!unit) continue;
-    auto stepped = [&](const FlatUnit::Param& p) { return p.alias_of < 0 && optimizer.group_of(p.fqn); };
-    if (std::none_of(unit->params().begin(), unit->params().end(), stepped)) continue;
-    std::map<std::string, std::vector<torch::Tensor>> full;  // buffer -> per parameter
-    for (const auto& b : optimizer.buffer_names()) full[b] = unit->unflatten(optimizer.buffer(u, b));  // collectives
-    for (std::size_t i = 0; i < unit->params().size(); ++i) {
-      if (!stepped(unit->params()[i])) continue;
-      std::vector<std::pair<std::string, torch::Tensor>> state;
-      if (has_step) state.emplace_back("step", torch::tensor(static_cast<float>(optimizer.steps())));
-      for (auto& [b, values] : full) state.emplace_back(b, values[i]);
-      fn(unit->params()[i].fqn, state);
-    }
-  }
-}
-
 }  // namespace
 
 // NOTE [A sharded save, file by file]: a rank's chunks are copies of rows of whole parameters (and
@@ -352,43 +328,194 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   }
 }
 
+namespace {
+
+// NOTE [A full save, streamed]: rank 0 writes the torch.save file record by record, and each
+// storage's bytes come from a gather made when the writer first reads them: the units' parameters
+// in the order the model's entries need them, then each optimizer's moments unit by unit. Every
+// other rank makes the same gathers in the same order (they are collectives, so the ranks move
+// together), and rank 0 lets each gather's values go once the writer has read the last storage
+// that uses them. Rank 0 so holds about one unit's full values at a time, never the whole state.
+class Gathers {
+ public:
+  /// One gather: unit `unit`'s parameters (optimizer < 0), or optimizer `optimizer`'s `buffer`.
+  struct Op {
+    std::size_t unit = 0;
+    int optimizer = -1;
+    std::string buffer;
+  };
+
+  Gathers(FullyShardedSequential& model, const std::vector<NamedOptimizer>& optimizers, std::vector<Op> ops)
+      : model_(model), optimizers_(optimizers), ops_(std::move(ops)), uses_(ops_.size(), 0), held_(ops_.size()) {}
+
+  /// A storage rank 0 writes will read op `i`'s values.
+  void use(std::size_t i) { ++uses_[i]; }
+  /// Op `i`'s full values, one per parameter of its unit: every op up to it made first.
+  const std::vector<torch::Tensor>& values(std::size_t i) {
+    while (next_ <= i) run(next_++);
+    return held_[i];
+  }
+  /// A storage that used op `i` has been read whole.
+  void done(std::size_t i) {
+    if (--uses_[i] == 0) held_[i].clear();
+  }
+  /// The ops no storage asked for (every op, on the other ranks).
+  void finish() {
+    while (next_ < ops_.size()) run(next_++);
+  }
+
+ private:
+  void run(std::size_t i) {
+    const Op& op = ops_[i];
+    const auto& unit = model_.units()[op.unit];
+    std::vector<torch::Tensor> v = op.optimizer < 0 ? unit->unflatten(unit->shard().detach())
+                                                    : unit->unflatten(optimizers_[static_cast<std::size_t>(op.optimizer)].optimizer->buffer(op.unit, op.buffer));
+    if (uses_[i] > 0) held_[i] = std::move(v);
+  }
+
+  FullyShardedSequential& model_;
+  const std::vector<NamedOptimizer>& optimizers_;
+  std::vector<Op> ops_;
+  std::vector<std::int64_t> uses_;
+  std::vector<std::vector<torch::Tensor>> held_;
+  std::size_t next_ = 0;
+};
+
+/// The bytes of parameter `param` of gather `op`, made when the writer first reads them and let
+/// go after it reads the last.
+class GatheredSource : public ckpt::ByteSource {
+ public:
+  GatheredSource(Gathers& gathers, std::size_t op, std::size_t param, std::uint64_t size, std::string name)
+      : gathers_(gathers), op_(op), param_(param), size_(size), name_(std::move(name)) {
+    gathers_.use(op_);
+  }
+  const std::string& name() const noexcept override { return name_; }
+  std::uint64_t size() const noexcept override { return size_; }
+  void read_at(std::uint64_t offset, std::span<std::byte> out) const override {
+    check_range(offset, out.size(), "read");
+    if (out.empty()) return;
+    if (!value_.defined()) {
+      if (finished_) throw Error("saving: '" + name_ + "' was read again after its last byte");
+      value_ = gathers_.values(op_)[param_].to(torch::kCPU).contiguous();
+    }
+    std::memcpy(out.data(), static_cast<const std::byte*>(value_.data_ptr()) + offset, out.size());
+    if (offset + out.size() == size_) {  // the writer reads a storage once, front to back
+      value_ = torch::Tensor();
+      finished_ = true;
+      gathers_.done(op_);
+    }
+  }
+
+ private:
+  Gathers& gathers_;
+  std::size_t op_, param_;
+  std::uint64_t size_;
+  std::string name_;
+  mutable torch::Tensor value_;
+  mutable bool finished_ = false;
+};
+
+}  // namespace
+
 void save_full(const std::filesystem::path& file, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
   namespace pk = ckpt::pickle;
   torch::NoGradGuard no_grad;
   const bool writer = group.rank() == 0;
+  const auto& units = model.units();
+  // Every parameter's unit and place in it; the gathers in the order the entries need them.
+  std::map<std::string, std::pair<std::size_t, std::size_t>> where;
+  std::vector<std::string> names;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (!units[u]) continue;
+    for (std::size_t i = 0; i < units[u]->params().size(); ++i) {
+      where.emplace(units[u]->params()[i].fqn, std::pair{u, i});
+      names.push_back(units[u]->params()[i].fqn);
+    }
+  }
+  std::map<std::string, torch::Tensor> buffers;
+  for (const auto& [name, t] : model.buffers()) {
+    buffers.emplace(name, t.detach());
+    names.push_back(name);
+  }
+  names = model.in_model_order(std::move(names));
+  std::vector<Gathers::Op> ops;
+  std::map<std::pair<std::size_t, int>, std::size_t> params_op;                   // (unit, -1) -> op
+  std::map<std::tuple<std::size_t, int, std::string>, std::size_t> buffer_op;     // (unit, optimizer, buffer) -> op
+  for (const std::string& name : names) {
+    const auto w = where.find(name);
+    if (w == where.end() || params_op.count({w->second.first, -1})) continue;
+    params_op.emplace(std::pair{w->second.first, -1}, ops.size());
+    ops.push_back({w->second.first, -1, {}});
+  }
+  for (std::size_t k = 0; k < o.optimizers.size(); ++k) {
+    ShardedOptimizer& optimizer = *o.optimizers[k].optimizer;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (!units[u]) continue;
+      const auto& ps = units[u]->params();
+      if (std::none_of(ps.begin(), ps.end(), [&](const FlatUnit::Param& p) { return p.alias_of < 0 && optimizer.group_of(p.fqn); })) continue;
+      for (const std::string& b : optimizer.buffer_names()) {
+        buffer_op.emplace(std::tuple{u, static_cast<int>(k), b}, ops.size());
+        ops.push_back({u, static_cast<int>(k), b});
+      }
+    }
+  }
+  Gathers gathers(model, o.optimizers, std::move(ops));
+  if (!writer) {
+    gathers.finish();  // rank 0's gathers, in its order
+    group.barrier();
+    return;
+  }
   ckpt::TorchSaveBuilder builder;
-  auto tensor_value = [&](const torch::Tensor& t) {
+  auto gathered = [&](std::size_t op, std::size_t u, std::size_t i, const std::string& name) {
+    const FlatUnit::Param& p = units[u]->params()[i];
+    const c10::ScalarType dtype = units[u]->shard().scalar_type();
+    const std::uint64_t bytes = static_cast<std::uint64_t>(p.numel) * c10::elementSize(dtype);
+    const std::size_t storage = builder.add_storage(to_ckpt(dtype), std::make_shared<GatheredSource>(gathers, op, i, bytes, name));
+    return builder.tensor(storage, p.shape);
+  };
+  auto in_memory = [&](const torch::Tensor& t) {
     const std::size_t storage = builder.add_storage(to_ckpt(t.scalar_type()), bytes_of(t));
     return builder.tensor(storage, t.sizes().vec());
   };
-  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> model_items;
   auto kept = [&](const std::string& fqn) { return !o.model_filter || o.model_filter(fqn); };
-  for (const auto& [name, t] : model.full_state_dict()) {  // a collective
-    if (writer && kept(name)) model_items.emplace_back(pk::make_str(name), tensor_value(t));
+  std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> model_items;
+  for (const std::string& name : names) {
+    if (!kept(name)) continue;
+    const auto w = where.find(name);
+    model_items.emplace_back(pk::make_str(name), w == where.end() ? in_memory(buffers.at(name))
+                                                                   : gathered(params_op.at({w->second.first, -1}), w->second.first, w->second.second, name));
   }
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> root;
   if (o.meta && o.meta->dict_items()) root = *o.meta->dict_items();
   root.emplace_back(pk::make_str(o.model_key), pk::make_dict(std::move(model_items)));
-  for (const auto& [key, optimizer] : o.optimizers) {
+  for (std::size_t k = 0; k < o.optimizers.size(); ++k) {
+    const auto& [key, optimizer] = o.optimizers[k];
+    const bool has_step = optimizer->options().kind == OptimizerKind::kAdamW;
     std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> state;
-    for_each_param_state(model, *optimizer, [&](const std::string& p, const auto& buffers) {
-      if (!writer || !kept(p)) return;
-      std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> per;
-      for (const auto& [b, t] : buffers) per.emplace_back(pk::make_str(b), tensor_value(t));
-      state.emplace_back(pk::make_str(p), pk::make_dict(std::move(per)));
-    });
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      if (!units[u]) continue;
+      for (std::size_t i = 0; i < units[u]->params().size(); ++i) {
+        const FlatUnit::Param& p = units[u]->params()[i];
+        if (p.alias_of >= 0 || !optimizer->group_of(p.fqn) || !kept(p.fqn)) continue;
+        std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> per;
+        if (has_step) per.emplace_back(pk::make_str("step"), in_memory(torch::tensor(static_cast<float>(optimizer->steps()))));
+        for (const std::string& b : optimizer->buffer_names()) {
+          per.emplace_back(pk::make_str(b), gathered(buffer_op.at({u, static_cast<int>(k), b}), u, i, key + ".state." + p.fqn + "." + b));
+        }
+        state.emplace_back(pk::make_str(p.fqn), pk::make_dict(std::move(per)));
+      }
+    }
     root.emplace_back(pk::make_str(key), pk::make_dict({{pk::make_str("state"), pk::make_dict(std::move(state))},
                                                         {pk::make_str("param_groups"), param_groups(*optimizer, kept)}}));
   }
-  if (writer) {
-    try {
-      const auto replaces = std::filesystem::is_directory(file) ? ckpt::OutputKind::kDcpDirectory : ckpt::OutputKind::kFile;
-      auto sink = ckpt::open_file_sink(file, ckpt::Overwrite::kYes, {}, replaces);
-      builder.write(*sink, *pk::make_dict(std::move(root)));
-      sink->commit();
-    } catch (const ckpt::Error& e) {
-      throw Error("rank 0: saving " + file.string(), e);
-    }
+  try {
+    const auto replaces = std::filesystem::is_directory(file) ? ckpt::OutputKind::kDcpDirectory : ckpt::OutputKind::kFile;
+    auto sink = ckpt::open_file_sink(file, ckpt::Overwrite::kYes, {}, replaces);
+    builder.write(*sink, *pk::make_dict(std::move(root)));
+    gathers.finish();  // those no entry kept, so that every rank makes the same gathers
+    sink->commit();
+  } catch (const ckpt::Error& e) {
+    throw Error("rank 0: saving " + file.string(), e);
   }
   group.barrier();
 }

@@ -216,8 +216,11 @@ def init_from():
 
 def full_state_dict():
     sharded, full = os.path.join(work, "fs-sharded"), os.path.join(work, "fs-full")
+    # A unit per block and a root unit of embed and head (the first entries and the last): the full
+    # save streams each unit to rank 0's file as the file needs it (NOTE [A full save, streamed]).
     for d, kind in ((sharded, "sharded"), (full, "full")):
-        train("--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d, "--state-dict-type", kind, nproc=2)
+        train("--steps", "8", "--stop-at-step", "6", "--batch-size", "4", "--ckpt-dir", d, "--state-dict-type", kind,
+              "--auto-wrap", "block", nproc=2)
     assert os.listdir(full) == ["step-00000006.pt"], os.listdir(full)
     f = os.path.join(full, "step-00000006.pt")
     ours = torch.load(f)  # param_groups hold floats: the restricted loader of 1.13 refuses them
