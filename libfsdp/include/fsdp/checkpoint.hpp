@@ -42,19 +42,22 @@ struct SaveOptions {
 
 /// Saves `model`'s sharded state dict as a DCP directory laid out as PyTorch FSDP's
 /// SHARDED_STATE_DICT and dcp.save lay it out (docs/formats/sharding.md#fsdp-sharded-state-dict): every original parameter
-/// chunked on dim 0 by torch.chunk's rule, rank r writing piece r into __r_0.distcp (ranks past
-/// the last piece write nothing for it), FQNs `<key>.<parameter>` with planner_data
-/// (key, parameter). An existing .metadata is removed first; every rank writes its file, and after
-/// a barrier rank 0 writes .metadata last, so that the directory is a checkpoint only once it is
-/// whole. A collective: every rank calls it. Throws fsdp::Error.
+/// chunked on dim 0 by torch.chunk's rule, rank r writing piece r into its files __r_N.distcp
+/// (ranks past the last piece write nothing for it; a file holds consecutive units' chunks, see
+/// SaveOptions::file_bytes), buffers whole by rank 0, FQNs `<key>.<parameter>` with planner_data
+/// (key, parameter). One unit is gathered at a time. A checkpoint already at `dir` stays whole
+/// until the new one is; every rank writes its files, and after a barrier rank 0 writes .metadata
+/// last, so that the directory is a checkpoint only once it is whole. A collective: every rank
+/// calls it. Throws fsdp::Error.
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
 
 /// Saves `model`'s full state dict (FSDP's FULL_STATE_DICT) as one torch.save file, written by
 /// rank 0 alone (atomically: a temporary file renamed into place), laid out as Lightning's full
 /// checkpoint: the entries of `options.meta` (a dict) at the top level, `model` (FQN -> tensor)
 /// and, with an optimizer, `optimizer` (FSDP's full optim state dict: `state` keyed by FQN with
-/// `step`, the buffers; `param_groups`). Every rank gathers (a collective); rank 0 holds the whole
-/// state while it writes. Throws fsdp::Error.
+/// `step`, the buffers; `param_groups`). Every rank gathers (a collective), one unit at a time
+/// as rank 0's file needs it: rank 0 holds about one unit's full values at a time, never the whole
+/// state. Throws fsdp::Error.
 void save_full(const std::filesystem::path& file, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
 
 struct LoadOptions {
