@@ -180,9 +180,9 @@ torch::Tensor read_range(const ckpt::ChunkReader& reader, const ckpt::TensorEntr
 // NOTE [A sharded save, file by file]: a rank's chunks are copies of rows of whole parameters (and
 // optimizer moments), which FSDP holds flattened and sharded otherwise; so each unit is gathered in
 // turn, the rank's rows copied out of it, and the unit freed. Each rank's chunks go into its data
-// files unit by unit: consecutive units share a file until their chunks reach kSaveFileBytes, and
-// a file is written as soon as its units are, its chunks freed then. A rank so holds at most one
-// unit's full values and about one file's chunks (SaveOptions::file_bytes), not its part of the
+// files unit by unit: consecutive units share a file until their chunks reach
+// SaveOptions::file_bytes, and a file is written as soon as its units are, its chunks freed then.
+// A rank so holds at most one unit's full values and about one file's chunks, not its part of the
 // whole state. Every rank gathers the same units in the same order (the gathers are collectives)
 // and derives the same plan, so no rank sends another anything but the gathers.
 
@@ -198,6 +198,8 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
   // Which file each unit's chunks go to (the same on every rank: from sizes alone).
   std::vector<int> file_of(units.size(), 0);
   {
+    std::int64_t copies = 1;  // the parameters and each optimizer's moments
+    for (const auto& [key, optimizer] : o.optimizers) copies += static_cast<std::int64_t>(optimizer->buffer_names().size());
     int file = 0;
     std::int64_t bytes = 0;
     for (std::size_t u = 0; u < units.size(); ++u) {
@@ -207,8 +209,6 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
         bytes = 0;
       }
       file_of[u] = file;
-      std::int64_t copies = 1;
-      for (const auto& [key, optimizer] : o.optimizers) copies += static_cast<std::int64_t>(optimizer->buffer_names().size());
       bytes += units[u]->padded_numel() * static_cast<std::int64_t>(units[u]->shard().element_size()) * copies / pieces;
     }
   }
@@ -294,8 +294,8 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
           auto stepped = [&](const FlatUnit::Param& p) { return p.alias_of < 0 && optimizer.group_of(p.fqn); };
           if (std::none_of(unit->params().begin(), unit->params().end(), stepped)) continue;
           for (const auto& p : unit->params()) {
-            const auto it = state_index[k].find({p.fqn, "step"});
-            if (stepped(p) && it != state_index[k].end()) fill(tensors[it->second], torch::tensor(static_cast<float>(optimizer.steps())), piece);
+            const auto it = state_index[k].find({p.fqn, "step"});  // stepped parameters of AdamW only
+            if (it != state_index[k].end()) fill(tensors[it->second], torch::tensor(static_cast<float>(optimizer.steps())), piece);
           }
           for (const auto& b : optimizer.buffer_names()) {
             std::vector<torch::Tensor> full = unit->unflatten(optimizer.buffer(u, b));  // a collective
