@@ -57,42 +57,61 @@ c10::ScalarType from_ckpt(ckpt::DType t, const std::string& what) {
   }
 }
 
-// A tensor's bytes in host memory (one on a GPU is copied to the host first).
-ckpt::SourcePtr bytes_of(const torch::Tensor& t) {
-  const torch::Tensor c = t.to(torch::kCPU).contiguous();
-  std::vector<std::byte> b(static_cast<std::size_t>(c.numel()) * static_cast<std::size_t>(c.element_size()));
-  if (!b.empty()) std::memcpy(b.data(), c.data_ptr(), b.size());
-  return ckpt::memory_source(std::move(b));
-}
+/// A tensor's bytes in host memory, read where they lie (a tensor on a GPU, or not contiguous, is
+/// copied first). The source keeps the tensor alive; its values must not change until it is read.
+class TensorSource final : public ckpt::ByteSource {
+ public:
+  explicit TensorSource(const torch::Tensor& t) : t_(t.to(torch::kCPU).contiguous()) {}
+  const std::string& name() const noexcept override { return name_; }
+  std::uint64_t size() const noexcept override { return t_.nbytes(); }
+  void read_at(std::uint64_t offset, std::span<std::byte> out) const override {
+    check_range(offset, out.size(), "read");
+    if (!out.empty()) std::memcpy(out.data(), bytes() + offset, out.size());
+  }
+  std::optional<std::span<const std::byte>> view(std::uint64_t offset, std::uint64_t length) const override {
+    if (offset > size() || length > size() - offset) return std::nullopt;
+    return std::span<const std::byte>(bytes() + offset, length);
+  }
 
-/// One tensor of the state dict as FSDP writes it, described: chunked on dim 0 (torch.chunk) into
-/// `n_pieces`, piece r in rank r's file number `file`; a 0-d tensor once, by piece 0. fill() gives
-/// a piece its bytes.
-ckpt::DcpWriteTensor described(const std::string& fqn, c10::ScalarType dtype, const std::vector<std::int64_t>& shape, int n_pieces, int file) {
+ private:
+  const std::byte* bytes() const { return static_cast<const std::byte*>(t_.data_ptr()); }
+  torch::Tensor t_;
+  std::string name_ = "<tensor>";
+};
+
+ckpt::SourcePtr bytes_of(const torch::Tensor& t) { return std::make_shared<TensorSource>(t); }
+
+/// A tensor of the state dict, described without chunks yet: `fqn`, its dtype and shape, its
+/// chunks in file number `file` of their ranks.
+ckpt::DcpWriteTensor described(const std::string& fqn, c10::ScalarType dtype, const std::vector<std::int64_t>& shape, int file) {
   ckpt::DcpWriteTensor w;
   w.fqn = fqn;
   w.dtype = to_ckpt(dtype);
   w.shape = shape;
   w.file = file;
-  if (w.shape.empty()) {
-    w.chunks.push_back({0, {}, {}, nullptr});
-    return w;
-  }
-  const auto pieces = ckpt::chunk_pieces(w.shape[0], n_pieces);
-  for (std::size_t r = 0; r < pieces.size(); ++r) {
-    std::vector<std::int64_t> offsets(w.shape.size(), 0), sizes = w.shape;
-    offsets[0] = pieces[r].first;
-    sizes[0] = pieces[r].second;
-    w.chunks.push_back({static_cast<int>(r), offsets, sizes, nullptr});
-  }
   return w;
 }
 
-/// Gives `w`'s chunk `piece` (-1: none) the bytes of its rows of `t`, the whole tensor.
-void fill(ckpt::DcpWriteTensor& w, const torch::Tensor& t, int piece) {
-  if (piece < 0 || static_cast<std::size_t>(piece) >= w.chunks.size()) return;
-  ckpt::DcpWriteChunk& c = w.chunks[static_cast<std::size_t>(piece)];
-  c.data = w.shape.empty() ? bytes_of(t) : bytes_of(t.narrow(0, c.offsets[0], c.sizes[0]));
+/// Adds rank `rank`'s chunks of elements [begin, end) of `w` (flattened in C order): one per box
+/// of ckpt::flat_range_boxes. A tensor of no elements gets one empty chunk, by `rank`.
+void add_chunks(ckpt::DcpWriteTensor& w, int rank, std::int64_t begin, std::int64_t end) {
+  if (ckpt::box_volume(w.shape) == 0) {
+    if (w.chunks.empty()) w.chunks.push_back({rank, std::vector<std::int64_t>(w.shape.size(), 0), w.shape, nullptr});
+    return;
+  }
+  for (const ckpt::Box& b : ckpt::flat_range_boxes(w.shape, begin, end)) w.chunks.push_back({rank, b.offsets.vec(), b.sizes.vec(), nullptr});
+}
+
+/// Gives `rank`'s chunks of `w`, in order, the bytes of consecutive elements of `flat` (what
+/// add_chunks described for it).
+void fill(ckpt::DcpWriteTensor& w, int rank, const torch::Tensor& flat) {
+  std::int64_t at = 0;
+  for (ckpt::DcpWriteChunk& c : w.chunks) {
+    if (c.rank != rank) continue;
+    const auto n = static_cast<std::int64_t>(ckpt::box_volume(c.sizes));
+    c.data = bytes_of(flat.narrow(0, at, n));
+    at += n;
+  }
 }
 
 ckpt::pickle::ValuePtr path_of(std::initializer_list<std::string> keys) {
@@ -177,24 +196,45 @@ torch::Tensor read_range(const ckpt::ChunkReader& reader, const ckpt::TensorEntr
 
 }  // namespace
 
-// NOTE [A sharded save, file by file]: a rank's chunks are copies of rows of whole parameters (and
-// optimizer moments), which FSDP holds flattened and sharded otherwise; so each unit is gathered in
-// turn, the rank's rows copied out of it, and the unit freed. Each rank's chunks go into its data
-// files unit by unit: consecutive units share a file until their chunks reach
-// SaveOptions::file_bytes, and a file is written as soon as its units are, its chunks freed then.
-// A rank so holds at most one unit's full values and about one file's chunks, not its part of the
-// whole state. Every rank gathers the same units in the same order (the gathers are collectives)
-// and derives the same plan, so no rank sends another anything but the gathers.
+// NOTE [A sharded save, as the shards lie]: each rank writes what its slice of each unit's flat
+// buffer holds, where it lies, with no gather: parameter p's elements [b, e) in that slice are at
+// most 2 * ndim - 1 boxes (ckpt::flat_range_boxes), each a chunk whose bytes are a view of the
+// slice; optimizer moments are laid out as the slice and go the same way. A DCP reader takes the
+// overlap of any saved box with what it wants (docs/formats/sharding.md#a-flat-slice-as-boxes),
+// so the boxes need not be FSDP's dim-0 pieces. Under NO_SHARD every rank holds the whole buffer
+// and rank r writes the r-th of world equal parts; under HYBRID_SHARD the first replica group
+// writes. Every rank derives every rank's boxes from sizes alone (rank 0 writes .metadata of all),
+// so no rank sends another anything. Consecutive units share a data file until their chunks reach
+// SaveOptions::file_bytes; a file's chunks get their bytes just before it is written and let go
+// after, which bounds what a copy to the host holds where the slices are on a GPU.
 
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
   const int rank = group.rank(), world = group.size();
-  // Each tensor in as many dim-0 pieces as a unit has shards; under HYBRID_SHARD the replicas
-  // hold the same pieces and the first one writes them (as DCP writes a replicated item once).
-  const int pieces = model.strategy() == ShardingStrategy::kHybridShard ? model.shard_group().size() : world;
-  const int piece = rank < pieces ? rank : -1;
   if (o.model_filter) throw Error("a sharded checkpoint cannot be filtered (it could not be loaded): save a full one");
   torch::NoGradGuard no_grad;
   const auto& units = model.units();
+  const bool no_shard = model.strategy() == ShardingStrategy::kNoShard;
+  const int writers = model.strategy() == ShardingStrategy::kHybridShard ? model.shard_group().size() : world;
+  // The elements of unit u's flat buffer that rank r writes.
+  auto written_by = [&](std::size_t u, int r) -> FlatUnit::Range {
+    const std::int64_t padded = units[u]->padded_numel();
+    if (no_shard) {
+      const std::int64_t part = (padded + world - 1) / world;
+      return {std::min(padded, r * part), std::min(padded, (r + 1) * part)};
+    }
+    if (r >= writers) return {};
+    const std::int64_t part = padded / writers;
+    return {r * part, (r + 1) * part};
+  };
+  // Calls f(i, begin, end): the elements [begin, end) of params()[i] that rank r writes, if any.
+  auto each_range = [&](std::size_t u, int r, const auto& f) {
+    const FlatUnit::Range w = written_by(u, r);
+    const auto& params = units[u]->params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::int64_t b = std::max(w.begin, params[i].offset), e = std::min(w.end, params[i].offset + params[i].numel);
+      if (b < e) f(i, b - params[i].offset, e - params[i].offset);
+    }
+  };
   // Which file each unit's chunks go to (the same on every rank: from sizes alone).
   std::vector<int> file_of(units.size(), 0);
   {
@@ -209,63 +249,94 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
         bytes = 0;
       }
       file_of[u] = file;
-      bytes += units[u]->padded_numel() * static_cast<std::int64_t>(units[u]->shard().element_size()) * copies / pieces;
+      bytes += units[u]->padded_numel() * static_cast<std::int64_t>(units[u]->shard().element_size()) * copies / writers;
     }
   }
   const int files = units.empty() ? 1 : *std::max_element(file_of.begin(), file_of.end()) + 1;
-  // Every tensor described up front, in the model's order and then each optimizer's; the data of
-  // this rank's chunks is filled in unit by unit.
+  // Every tensor described up front, every rank's chunks with it, in the model's order and then
+  // each optimizer's; this rank's chunks get their data file by file.
   std::vector<ckpt::DcpWriteTensor> tensors;
   std::vector<ckpt::DcpWriteObject> objects;
   ckpt::DcpWriteOptions options;
   options.world_size = world;
   options.overwrite = ckpt::Overwrite::kYes;
-  std::map<std::string, std::size_t> model_index;  // parameter or buffer name -> tensor
+  // What parameter i of unit u is saved as: tensors laid out as the parameter, each with the slice
+  // its values are in (optimizer -1: the parameter's own shard).
+  struct Target {
+    std::size_t tensor;
+    int optimizer = -1;
+    std::string buffer;
+  };
+  std::vector<std::vector<std::vector<Target>>> targets(units.size());
+  std::vector<std::size_t> whole;  // tensors rank 0 writes whole (buffers, steps), and what they hold
+  std::vector<torch::Tensor> whole_values;
+  auto add = [&](const std::string& fqn, c10::ScalarType dtype, const std::vector<std::int64_t>& shape, int file, ckpt::pickle::ValuePtr path) {
+    tensors.push_back(described(fqn, dtype, shape, file));
+    options.planner_data.set(fqn, std::move(path));
+    return tensors.size() - 1;
+  };
+  auto add_whole = [&](const std::string& fqn, const torch::Tensor& value, int file, ckpt::pickle::ValuePtr path) {
+    whole.push_back(add(fqn, value.scalar_type(), value.sizes().vec(), file, std::move(path)));
+    whole_values.push_back(value.detach().reshape({-1}));
+    add_chunks(tensors.back(), 0, 0, value.numel());
+  };
+  // Parameter i of unit u's values (optimizer k's `buffer` of them, k >= 0) as tensor `fqn`.
+  auto add_sliced = [&](std::size_t u, std::size_t i, const std::string& fqn, ckpt::pickle::ValuePtr path, int k, const std::string& buffer) {
+    const FlatUnit::Param& p = units[u]->params()[i];
+    if (p.numel == 0) {  // no slice holds any of it
+      add_whole(fqn, torch::empty(p.shape, units[u]->shard().options()), file_of[u], std::move(path));
+    } else {
+      targets[u][i].push_back({add(fqn, units[u]->shard().scalar_type(), p.shape, file_of[u], std::move(path)), k, buffer});
+    }
+  };
   {
-    std::map<std::string, std::pair<std::vector<std::int64_t>, c10::ScalarType>> shapes;
-    std::map<std::string, int> file_of_name;
+    std::map<std::string, std::pair<std::size_t, std::size_t>> where;  // parameter -> unit, index
+    std::map<std::string, torch::Tensor> buffers;
     for (std::size_t u = 0; u < units.size(); ++u) {
       if (!units[u]) continue;
-      for (const auto& p : units[u]->params()) {
-        shapes.emplace(p.fqn, std::pair{p.shape, units[u]->shard().scalar_type()});
-        file_of_name.emplace(p.fqn, file_of[u]);
-      }
+      targets[u].resize(units[u]->params().size());
+      for (std::size_t i = 0; i < units[u]->params().size(); ++i) where.emplace(units[u]->params()[i].fqn, std::pair{u, i});
     }
-    for (const auto& [name, t] : model.buffers()) shapes.emplace(name, std::pair{t.sizes().vec(), t.scalar_type()});
     std::vector<std::string> names;
-    for (const auto& [name, shape] : shapes) names.push_back(name);
+    for (const auto& [name, at] : where) names.push_back(name);
+    for (const auto& [name, t] : model.buffers()) {
+      names.push_back(name);
+      buffers.emplace(name, t);
+    }
     for (const std::string& name : model.in_model_order(std::move(names))) {
-      const auto& [shape, dtype] = shapes.at(name);
-      const auto f = file_of_name.find(name);
-      // A buffer is whole on every rank: one chunk, written by rank 0 into its first file.
-      const bool buffer = f == file_of_name.end();
-      model_index.emplace(name, tensors.size());
-      tensors.push_back(described(o.model_key + "." + name, dtype, shape, buffer ? 1 : pieces, buffer ? 0 : f->second));
-      options.planner_data.set(tensors.back().fqn, path_of({o.model_key, name}));
+      const auto w = where.find(name);
+      if (w == where.end()) {
+        add_whole(o.model_key + "." + name, buffers.at(name), 0, path_of({o.model_key, name}));  // whole on every rank
+        continue;
+      }
+      const auto [u, i] = w->second;
+      add_sliced(u, i, o.model_key + "." + name, path_of({o.model_key, name}), -1, {});
     }
   }
-  // optimizer k, parameter, buffer -> tensor
-  std::vector<std::map<std::pair<std::string, std::string>, std::size_t>> state_index(o.optimizers.size());
   for (std::size_t k = 0; k < o.optimizers.size(); ++k) {
     const auto& [key, optimizer] = o.optimizers[k];
-    const bool has_step = optimizer->options().kind == OptimizerKind::kAdamW;
     for (std::size_t u = 0; u < units.size(); ++u) {
       if (!units[u]) continue;
-      for (const auto& p : units[u]->params()) {
-        if (p.alias_of >= 0 || !optimizer->group_of(p.fqn)) continue;
-        std::vector<std::pair<std::string, std::vector<std::int64_t>>> state;
-        if (has_step) state.emplace_back("step", std::vector<std::int64_t>{});
-        for (const auto& b : optimizer->buffer_names()) state.emplace_back(b, p.shape);
-        for (const auto& [b, shape] : state) {
-          const std::string fqn = key + ".state." + p.fqn + "." + b;
-          state_index[k].emplace(std::pair{p.fqn, b}, tensors.size());
-          tensors.push_back(described(fqn, b == "step" ? c10::ScalarType::Float : units[u]->shard().scalar_type(), shape, pieces, file_of[u]));
-          options.planner_data.set(fqn, path_of({key, "state", p.fqn, b}));
+      for (std::size_t i = 0; i < units[u]->params().size(); ++i) {
+        const FlatUnit::Param& p = units[u]->params()[i];
+        if (!optimizer->group_of(p.fqn)) continue;  // not stepped (an alias never is)
+        const std::string prefix = key + ".state." + p.fqn + ".";
+        if (optimizer->options().kind == OptimizerKind::kAdamW) {  // replicated
+          add_whole(prefix + "step", torch::tensor(static_cast<float>(optimizer->steps())), file_of[u], path_of({key, "state", p.fqn, "step"}));
         }
+        for (const auto& b : optimizer->buffer_names()) add_sliced(u, i, prefix + b, path_of({key, "state", p.fqn, b}), static_cast<int>(k), b);
       }
     }
     objects.push_back({key + ".param_groups", param_groups(*optimizer, {}), 0});
     options.planner_data.set(key + ".param_groups", path_of({key, "param_groups"}));
+  }
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (!units[u]) continue;
+    for (int r = 0; r < world; ++r) {
+      each_range(u, r, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+        for (const Target& t : targets[u][i]) add_chunks(tensors[t.tensor], r, b, e);
+      });
+    }
   }
   try {
     // A checkpoint already at `dir` (a resumed run saving a step again) stays whole until the new
@@ -280,34 +351,26 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
       std::filesystem::remove_all(into, ec);
     }
     group.barrier();
-    for (const auto& [name, t] : model.buffers()) fill(tensors[model_index.at(name)], t.detach(), rank == 0 ? 0 : -1);
     std::size_t u = 0;
     for (int file = 0; file < files; ++file) {
-      for (; u < units.size() && (!units[u] || file_of[u] == file); ++u) {
-        const auto& unit = units[u];
-        if (!unit) continue;
-        std::vector<torch::Tensor> values = unit->unflatten(unit->shard().detach());  // a collective
-        for (std::size_t i = 0; i < values.size(); ++i) fill(tensors[model_index.at(unit->params()[i].fqn)], values[i], piece);
-        values.clear();
-        for (std::size_t k = 0; k < o.optimizers.size(); ++k) {
-          ShardedOptimizer& optimizer = *o.optimizers[k].optimizer;
-          auto stepped = [&](const FlatUnit::Param& p) { return p.alias_of < 0 && optimizer.group_of(p.fqn); };
-          if (std::none_of(unit->params().begin(), unit->params().end(), stepped)) continue;
-          for (const auto& p : unit->params()) {
-            const auto it = state_index[k].find({p.fqn, "step"});  // stepped parameters of AdamW only
-            if (it != state_index[k].end()) fill(tensors[it->second], torch::tensor(static_cast<float>(optimizer.steps())), piece);
-          }
-          for (const auto& b : optimizer.buffer_names()) {
-            std::vector<torch::Tensor> full = unit->unflatten(optimizer.buffer(u, b));  // a collective
-            for (std::size_t i = 0; i < full.size(); ++i) {
-              if (stepped(unit->params()[i])) fill(tensors[state_index[k].at({unit->params()[i].fqn, b})], full[i], piece);
-            }
-          }
+      if (rank == 0) {
+        for (std::size_t j = 0; j < whole.size(); ++j) {
+          if (tensors[whole[j]].file == file) fill(tensors[whole[j]], 0, whole_values[j]);
         }
+      }
+      for (; u < units.size() && (!units[u] || file_of[u] == file); ++u) {
+        if (!units[u]) continue;
+        FlatUnit& unit = *units[u];
+        each_range(u, rank, [&](std::size_t i, std::int64_t b, std::int64_t e) {
+          for (const Target& t : targets[u][i]) {
+            const torch::Tensor slice = t.optimizer < 0 ? unit.shard() : o.optimizers[static_cast<std::size_t>(t.optimizer)].optimizer->buffer(u, t.buffer);
+            fill(tensors[t.tensor], rank, slice.detach().narrow(0, unit.params()[i].offset + b - unit.slice_begin(), e - b));
+          }
+        });
       }
       ckpt::write_dcp_rank_files(into, tensors, objects, options, rank, file);
       for (ckpt::DcpWriteTensor& t : tensors) {
-        if (std::max(t.file, 0) == file) {
+        if (t.file == file) {
           for (ckpt::DcpWriteChunk& c : t.chunks) c.data = nullptr;
         }
       }

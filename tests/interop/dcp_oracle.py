@@ -111,6 +111,41 @@ def load_113(torch, path):
     return sd
 
 
+def load_113_of_2x(torch, path):
+    """PyTorch 1.13's own load_state_dict(no_dist=True) on a directory in torch 2.x's layout: the
+    .metadata (read through the 2.x stand-ins) rebuilt field by field in 1.13's classes, then read
+    by 1.13's FileSystemReader and default planner, whose _create_read_items takes the overlap of
+    each saved chunk with each tensor asked for. Uncompressed items only."""
+    from torch.distributed._shard.checkpoint import FileSystemReader, load_state_dict
+    from torch.distributed._shard.checkpoint import metadata as m
+    from torch.distributed._shard.checkpoint.filesystem import _StorageInfo
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+    meta = pickle.load(open(os.path.join(path, ".metadata"), "rb"))
+    entries, sd = {}, {}
+    for fqn, e in meta.state_dict_metadata.items():
+        if type(e).__name__ == "BytesStorageMetadata":
+            entries[fqn], sd[fqn] = m.BytesStorageMetadata(), None
+            continue
+        props = e.properties
+        dtype = props.dtype if hasattr(props, "dtype") else props.state_tuple[0]
+        chunks = [m.ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in e.chunks]
+        entries[fqn] = m.TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(e.size), chunks)
+        sd[fqn] = torch.zeros(tuple(e.size), dtype=dtype)
+    storage = {}
+    for k, v in meta.storage_data.items():
+        assert not getattr(v, "transform_descriptors", None), f"{k.fqn}: a transformed item"
+        offset = getattr(k, "offset", None)
+        storage[m.MetadataIndex(k.fqn, None if offset is None else list(offset), k.index)] = \
+            _StorageInfo(v.relative_path, v.offset, v.length)
+    converted = m.Metadata(state_dict_metadata=entries, storage_data=storage)
+
+    class Reader(FileSystemReader):
+        def read_metadata(self):
+            return converted
+    load_state_dict(sd, Reader(path), no_dist=True)
+    return sd
+
+
 def set_element(root, path, value):
     """torch.distributed.checkpoint._traverse.set_element, as dcp_to_torch_save nests entries."""
     cur = root

@@ -76,6 +76,52 @@ void tiling_problems(std::span<const std::int64_t> shape, const Chunks& chunks, 
   if (!ok) coverage(volume, numel);
 }
 
+/// The boxes that elements [begin, end) of a tensor of `shape`, flattened in C order, make up, in
+/// that order, each one contiguous run (is_contiguous_run): at most 2 * rank - 1 of them (the part
+/// of a row before the first whole row, the whole rows, the part after them, recursively), and
+/// one empty box for a 0-d tensor's element. None for an empty range. What a rank's slice of
+/// FSDP's flat buffer holds of a parameter is such a range (docs/formats/sharding.md).
+inline std::vector<Box> flat_range_boxes(std::span<const std::int64_t> shape, std::int64_t begin, std::int64_t end) {
+  std::vector<Box> out;
+  if (begin >= end) return out;
+  if (shape.empty()) {
+    out.emplace_back();
+    return out;
+  }
+  std::vector<std::int64_t> at;  // the fixed indices of the dimensions before the current one
+  auto rows = [&](std::size_t d, std::int64_t first, std::int64_t count) {  // whole rows of dimension d at `at`
+    std::vector<std::int64_t> offsets = at, sizes(at.size(), 1);
+    offsets.push_back(first);
+    sizes.push_back(count);
+    for (std::size_t i = d + 1; i < shape.size(); ++i) {
+      offsets.push_back(0);
+      sizes.push_back(shape[i]);
+    }
+    out.push_back({Dims(offsets), Dims(sizes)});
+  };
+  // [b, e) of the sub-tensor at `at`, which spans dimensions d and after.
+  auto split = [&](auto& self, std::size_t d, std::int64_t b, std::int64_t e) -> void {
+    std::int64_t row = 1;
+    for (std::size_t i = d + 1; i < shape.size(); ++i) row *= shape[i];
+    if (b % row != 0) {  // the end of row b / row
+      const std::int64_t r = b / row, stop = std::min(e, (r + 1) * row);
+      at.push_back(r);
+      self(self, d + 1, b - r * row, stop - r * row);
+      at.pop_back();
+      b = stop;
+    }
+    if (b >= e) return;
+    if (e / row > b / row) rows(d, b / row, e / row - b / row);
+    if (e % row != 0) {  // the start of row e / row
+      at.push_back(e / row);
+      self(self, d + 1, 0, e % row);
+      at.pop_back();
+    }
+  };
+  split(split, 0, begin, end);
+  return out;
+}
+
 /// The torch.chunk rule (docs/formats/sharding.md, "FSDP's flat split"): the [begin, begin + size)
 /// pieces of a dimension of `length` split `world` ways; fewer than `world` when they run out.
 inline std::vector<std::pair<std::int64_t, std::int64_t>> chunk_pieces(std::int64_t length, int world) {

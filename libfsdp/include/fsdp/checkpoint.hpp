@@ -31,24 +31,24 @@ struct SaveOptions {
   /// checkpoint's other state, before `.metadata`.
   ckpt::pickle::ValuePtr meta;
   /// save_sharded: consecutive units' chunks share one of a rank's data files until they reach
-  /// this many bytes; each file is written, and its chunks freed, as soon as its units are
-  /// (NOTE [A sharded save, file by file] in ckpt_bridge.cpp). What a rank holds beyond its shards
-  /// is about one file's chunks and one unit's full values.
+  /// this many bytes (DCP's several files per rank); a file's chunks are views of the shards
+  /// (copies to the host, where the shards are on a GPU) made just before it is written.
   std::int64_t file_bytes = std::int64_t{16} << 20;
   /// Set: only the parameters (by FQN) it accepts are saved, with their optimizer state (save_full
   /// only: a sharded checkpoint with a filter could not be loaded, so save_sharded refuses one).
   std::function<bool(const std::string& fqn)> model_filter;
 };
 
-/// Saves `model`'s sharded state dict as a DCP directory laid out as PyTorch FSDP's
-/// SHARDED_STATE_DICT and dcp.save lay it out (docs/formats/sharding.md#fsdp-sharded-state-dict): every original parameter
-/// chunked on dim 0 by torch.chunk's rule, rank r writing piece r into its files __r_N.distcp
-/// (ranks past the last piece write nothing for it; a file holds consecutive units' chunks, see
-/// SaveOptions::file_bytes), buffers whole by rank 0, FQNs `<key>.<parameter>` with planner_data
-/// (key, parameter). One unit is gathered at a time. A checkpoint already at `dir` stays whole
-/// until the new one is; every rank writes its files, and after a barrier rank 0 writes .metadata
-/// last, so that the directory is a checkpoint only once it is whole. A collective: every rank
-/// calls it. Throws fsdp::Error.
+/// Saves `model`'s sharded state dict as a DCP directory as dcp.save lays it out: each rank writes
+/// what its slice of each unit's flat buffer holds, where it lies, with no gather: a parameter's
+/// elements in the slice as at most 2 * ndim - 1 boxes (NOTE [A sharded save, as the shards lie]
+/// in ckpt_bridge.cpp; docs/formats/sharding.md#a-flat-slice-as-boxes), in the rank's files
+/// __r_N.distcp (a file holds consecutive units' chunks, see SaveOptions::file_bytes); optimizer
+/// moments as their parameters; buffers and steps whole by rank 0; FQNs `<key>.<parameter>` with
+/// planner_data (key, parameter). Any DCP reader, PyTorch's included, loads it at any world size.
+/// A checkpoint already at `dir` stays whole until the new one is; every rank writes its files,
+/// and after a barrier rank 0 writes .metadata last, so that the directory is a checkpoint only
+/// once it is whole. A collective: every rank calls it. Throws fsdp::Error.
 void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
 
 /// Saves `model`'s full state dict (FSDP's FULL_STATE_DICT) as one torch.save file, written by

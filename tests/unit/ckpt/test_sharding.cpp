@@ -99,3 +99,36 @@ TEST_CASE("DTensor Shard(0) pieces (docs/formats/sharding.md#dtensor-shard0): ev
   CHECK(two_on_four == Pieces{{0, 1}, {1, 1}, {2, 0}, {2, 0}});
   CHECK(eight_on_four == Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}});
 }
+
+TEST_CASE("a flat range as boxes", "[ckpt][sharding]") {
+  // Every range of every shape here: the boxes are contiguous runs that hold exactly the range's
+  // elements, in order, and there are at most 2 * rank - 1 of them.
+  const std::vector<std::vector<std::int64_t>> shapes = {{7}, {3, 4}, {2, 3, 4}, {2, 1, 3, 2}, {1, 5}};
+  for (const auto& shape : shapes) {
+    const auto numel = static_cast<std::int64_t>(ckpt::box_volume(shape));
+    for (std::int64_t b = 0; b <= numel; ++b) {
+      for (std::int64_t e = b; e <= numel; ++e) {
+        const std::vector<ckpt::Box> boxes = ckpt::flat_range_boxes(shape, b, e);
+        CAPTURE(shape, b, e);
+        CHECK(boxes.size() <= (b == e ? 0 : 2 * shape.size() - 1));
+        std::int64_t next = b;
+        for (const ckpt::Box& box : boxes) {
+          CHECK(ckpt::is_contiguous_run(box.sizes, shape));
+          CHECK(static_cast<std::int64_t>(ckpt::flat_index(box.offsets, D(std::vector<std::int64_t>(shape.size(), 0)), shape)) == next);
+          next += static_cast<std::int64_t>(ckpt::box_volume(box.sizes));
+        }
+        CHECK(next == e);
+      }
+    }
+  }
+  CHECK(ckpt::flat_range_boxes(D{}, 0, 1).size() == 1);  // a 0-d tensor's element
+  CHECK(ckpt::flat_range_boxes(D{}, 0, 1)[0].sizes.size() == 0);
+  const auto whole = ckpt::flat_range_boxes(D{3, 4}, 0, 12);
+  REQUIRE(whole.size() == 1);
+  CHECK(whole[0].sizes == std::vector<std::int64_t>{3, 4});
+  const auto mid = ckpt::flat_range_boxes(D{3, 4}, 2, 10);  // the end of row 0, row 1, the start of row 2
+  REQUIRE(mid.size() == 3);
+  CHECK(mid[0].offsets == std::vector<std::int64_t>{0, 2});
+  CHECK(mid[1].sizes == std::vector<std::int64_t>{1, 4});
+  CHECK(mid[2].sizes == std::vector<std::int64_t>{1, 2});
+}
