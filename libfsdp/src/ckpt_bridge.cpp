@@ -608,7 +608,8 @@ std::map<std::string, const ckpt::TensorEntry*> model_tensors(const ckpt::Checkp
   return out;
 }
 
-// Strict loading: every parameter of the model there, and nothing else, or one error naming both.
+// Strict loading: every parameter of the model there (a tied weight under its first name at least),
+// and nothing else, or one error naming both.
 void check_names_match(const FullyShardedSequential& model, const std::map<std::string, const ckpt::TensorEntry*>& found,
                        const ckpt::Checkpoint& c, const LoadOptions& o, const std::string& who) {
   std::set<std::string> known;
@@ -619,7 +620,15 @@ void check_names_match(const FullyShardedSequential& model, const std::map<std::
   };
   for (const auto& unit : model.units()) {
     if (!unit) continue;
-    for (const auto& p : unit->params()) expect(p.fqn);
+    for (const auto& p : unit->params()) {
+      // A tied weight's second name may be absent, as Hugging Face's save_pretrained leaves it
+      // out: its value is the first name's.
+      if (p.alias_of >= 0) {
+        known.insert(p.fqn);
+      } else {
+        expect(p.fqn);
+      }
+    }
   }
   for (const auto& b : model.buffers()) expect(b.first);
   for (const auto& [name, t] : found) {
@@ -646,28 +655,11 @@ void check_names_match(const FullyShardedSequential& model, const std::map<std::
 
 namespace pk = ckpt::pickle;
 
-// `dict[key]` for a str key, or null.
-pk::ValuePtr item_of(const pk::Value* dict, std::string_view key) {
-  const auto* items = dict ? dict->dict_items() : nullptr;
-  if (!items) return nullptr;
-  for (const auto& [k, v] : *items) {
-    if (k->str() && *k->str() == key) return v;
-  }
-  return nullptr;
-}
-
-std::optional<double> number(const pk::Value* v) {
-  if (!v) return std::nullopt;
-  if (const double* d = v->get_if<double>()) return *d;
-  if (const auto i = v->int64()) return static_cast<double>(*i);
-  return std::nullopt;
-}
-
 // The param_groups saved for the optimizer under `key`: a torch.save file's own (below `root`), an
 // object of that name (ours), or the leaves `<key>.param_groups.<i>.<field>` that PyTorch's
 // flatten_state_dict makes of them (dcp.save), put together again. Null when there are none.
 pk::ValuePtr saved_param_groups(const ckpt::Checkpoint& c, const ckpt::ChunkReader& reader, const pk::Value* root, const std::string& key) {
-  if (root) return item_of(item_of(root, key).get(), "param_groups");
+  if (root) return pk::dict_value(pk::dict_value(root, key).get(), "param_groups");
   const std::string whole = key + ".param_groups", prefix = whole + ".";
   std::map<std::int64_t, std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>>> groups;
   for (const ckpt::ObjectEntry& o : c.objects) {
@@ -708,7 +700,7 @@ std::map<std::string, std::string> restore_param_groups(ShardedOptimizer& optimi
   for (std::size_t i = 0; i < groups->size(); ++i) {
     const pk::Value* g = (*groups)[i].get();
     ShardedOptimizer::Group mine = optimizer.groups()[i];
-    const pk::ValuePtr params = item_of(g, "params");
+    const pk::ValuePtr params = pk::dict_value(g, "params");
     if (!params || !params->sequence()) throw Error(where + ": parameter group " + std::to_string(i) + " lists no params");
     std::set<std::string> there;
     for (const pk::ValuePtr& p : *params->sequence()) {
@@ -732,14 +724,14 @@ std::map<std::string, std::string> restore_param_groups(ShardedOptimizer& optimi
                   (only_here.empty() ? std::string() : "; here, not there: " + some_of(only_here)) +
                   " (its state is for another grouping of the parameters)");
     }
-    if (const auto v = number(item_of(g, "lr").get())) mine.lr = *v;
-    if (const auto v = number(item_of(g, "initial_lr").get())) mine.initial_lr = *v;
-    if (const auto v = number(item_of(g, "weight_decay").get())) mine.weight_decay = *v;
-    if (const auto v = number(item_of(g, "eps").get())) mine.eps = *v;
-    if (const auto v = number(item_of(g, "momentum").get())) mine.momentum = *v;
-    if (const pk::ValuePtr betas = item_of(g, "betas"); betas && betas->sequence() && betas->sequence()->size() == 2) {
-      mine.beta1 = number((*betas->sequence())[0].get()).value_or(mine.beta1);
-      mine.beta2 = number((*betas->sequence())[1].get()).value_or(mine.beta2);
+    if (const auto v = pk::number_value(pk::dict_value(g, "lr").get())) mine.lr = *v;
+    if (const auto v = pk::number_value(pk::dict_value(g, "initial_lr").get())) mine.initial_lr = *v;
+    if (const auto v = pk::number_value(pk::dict_value(g, "weight_decay").get())) mine.weight_decay = *v;
+    if (const auto v = pk::number_value(pk::dict_value(g, "eps").get())) mine.eps = *v;
+    if (const auto v = pk::number_value(pk::dict_value(g, "momentum").get())) mine.momentum = *v;
+    if (const pk::ValuePtr betas = pk::dict_value(g, "betas"); betas && betas->sequence() && betas->sequence()->size() == 2) {
+      mine.beta1 = pk::number_value((*betas->sequence())[0].get()).value_or(mine.beta1);
+      mine.beta2 = pk::number_value((*betas->sequence())[1].get()).value_or(mine.beta2);
     }
     optimizer.set_group(i, mine);
   }

@@ -111,6 +111,14 @@ void ShardedOptimizer::set_lr(double lr) noexcept {
   scheduled_ = true;
 }
 
+void ShardedOptimizer::set_lrs(const std::vector<double>& lrs) {
+  if (lrs.size() != groups_.size()) {
+    throw Error("optimizer: " + std::to_string(lrs.size()) + " learning rates for " + std::to_string(groups_.size()) + " param groups");
+  }
+  for (std::size_t i = 0; i < lrs.size(); ++i) groups_[i].lr = lrs[i];
+  scheduled_ = true;
+}
+
 void ShardedOptimizer::set_group(std::size_t i, const Group& g) {
   Group& mine = groups_.at(i);
   if (g.params != mine.params) throw Error("optimizer: group " + std::to_string(i) + " would change its parameters");
@@ -187,12 +195,10 @@ std::int64_t ShardedOptimizer::state_bytes() const {
   return n;
 }
 
-void ShardedOptimizer::step(double lr) {
-  for (Group& g : groups_) g.lr = scaled(g, lr);
-  step();
-}
-
-void ShardedOptimizer::step() {
+void ShardedOptimizer::step(std::optional<double> schedule_lr) {
+  if (schedule_lr) {
+    for (Group& g : groups_) g.lr = scaled(g, *schedule_lr);
+  }
   torch::NoGradGuard no_grad;
   ++steps_;
   const bool adamw = options_.kind == OptimizerKind::kAdamW;
@@ -266,7 +272,7 @@ bool ShardedGradScaler::unscale() {
   return found_inf_;
 }
 
-bool ShardedGradScaler::step(double lr) {
+bool ShardedGradScaler::step(std::optional<double> lr) {
   if (unscale()) return false;
   optimizer_.step(lr);
   return true;

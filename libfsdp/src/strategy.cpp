@@ -291,7 +291,7 @@ torch::Tensor Strategy::scale_loss(const ShardedOptimizer& optimizer, const torc
   return scaler ? scaler->scale(loss) : loss;
 }
 
-bool Strategy::optimizer_step(ShardedOptimizer& optimizer, double lr) {
+bool Strategy::optimizer_step(ShardedOptimizer& optimizer, std::optional<double> lr) {
   ShardedGradScaler* scaler = grad_scaler(optimizer);
   if (!scaler) {
     optimizer.step(lr);
@@ -378,7 +378,9 @@ void Strategy::save_checkpoint(const fs::path& path, const State& state, const F
   std::vector<std::pair<pk::ValuePtr, pk::ValuePtr>> meta;
   for (const auto& key : s.other) {
     const auto f = filter.find(key);
-    meta.emplace_back(pk::make_str(key), filtered(std::get<pk::ValuePtr>(state.at(key)), f == filter.end() ? nullptr : f->second));
+    const StateItem& item = state.at(key);
+    const pk::ValuePtr value = std::holds_alternative<Stateful*>(item) ? std::get<Stateful*>(item)->state_dict() : std::get<pk::ValuePtr>(item);
+    meta.emplace_back(pk::make_str(key), filtered(value, f == filter.end() ? nullptr : f->second));
   }
   o.meta = pk::make_dict(std::move(meta));
   for (const NamedOptimizer& n : s.optimizers) {
@@ -428,7 +430,11 @@ pk::ValuePtr Strategy::load_checkpoint(const fs::path& path, State& state, bool 
       }
       continue;
     }
-    state[key] = it->second;
+    if (auto* stateful = std::get_if<Stateful*>(&state[key])) {
+      (*stateful)->load_state_dict(it->second);
+    } else {
+      state[key] = it->second;
+    }
     rest.erase(it);
   }
   return pk::make_dict(std::move(rest));

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   auto& model = strategy.setup_module(torch::nn::Sequential(  // each child with parameters: one unit
       torch::nn::Linear(16, 64), torch::nn::GELU(), torch::nn::Linear(64, 1)));
   auto& optimizer = strategy.setup_optimizer({fsdp::OptimizerKind::kAdamW, 1e-2});
+  fsdp::LambdaLR schedule(optimizer, [](std::int64_t epoch) { return 1.0 - static_cast<double>(epoch) / 20; });  // torch's LambdaLR
 
   for (int step = 1; step <= 20; ++step) {
     torch::Tensor x = torch::randn({8, 16}), y = x.sum(1, /*keepdim=*/true);  // this rank's batch
@@ -41,11 +42,12 @@ int main(int argc, char** argv) {
     }
     model.backward(loss);  // gradients reduce-scattered into each rank's shard
     strategy.clip_gradients_norm(optimizer, 1.0);
-    optimizer.step(1e-2);
+    optimizer.step();  // at the schedule's lr
+    schedule.step();
     if (strategy.global_rank() == 0 && step % 10 == 0) std::cout << "step " << step << " loss " << loss.item<double>() << "\n";
   }
-  fsdp::State state{{"model", &model}, {"optimizer", &optimizer}, {"step", ckpt::pickle::make_int(20)}};
-  strategy.save_checkpoint(dir, state);  // a DCP directory PyTorch's dcp.load reads; meta.pt holds "step"
+  fsdp::State state{{"model", &model}, {"optimizer", &optimizer}, {"scheduler", &schedule}, {"step", ckpt::pickle::make_int(20)}};
+  strategy.save_checkpoint(dir, state);  // a DCP directory PyTorch's dcp.load reads; meta.pt holds "scheduler" and "step"
   // README end
   return 0;
 }

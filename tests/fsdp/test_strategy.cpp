@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -308,12 +309,22 @@ int rank_main() {
     auto& m = s.setup_module(model(1));
     auto& opt = s.setup_optimizer(fsdp::OptimizerOptions{});
     train(m, opt, s.global_rank(), s.world_size());
+    auto halving = [](std::int64_t epoch) { return std::pow(0.5, static_cast<double>(epoch)); };
+    fsdp::LambdaLR schedule(opt, halving);
+    schedule.step();
+    schedule.step();
+    EXPECT(schedule.last_epoch() == 2 && opt.lr() == opt.options().lr * 0.25);
     const fs::path path = fs::path(std::getenv("FSDP_TEST_DIR")) / type;
-    s.save_checkpoint(path, {{"model", &m}, {"optimizer", &opt}, {"step", pk::make_int(2)}});
+    s.save_checkpoint(path, {{"model", &m}, {"optimizer", &opt}, {"scheduler", &schedule}, {"step", pk::make_int(2)}});
     auto& m2 = s.setup_module(model(2));
     auto& opt2 = s.setup_optimizer(fsdp::OptimizerOptions{});
-    fsdp::State st{{"model", &m2}, {"optimizer", &opt2}, {"step", pk::make_none()}};
+    fsdp::LambdaLR schedule2(opt2, halving);
+    fsdp::State st{{"model", &m2}, {"optimizer", &opt2}, {"scheduler", &schedule2}, {"step", pk::make_none()}};
     s.load_checkpoint(path, st);
+    // The schedule's state as saved, the lr from the optimizer's param_groups (torch's split).
+    EXPECT(schedule2.last_epoch() == 2 && schedule2.get_last_lr() == schedule.get_last_lr() && opt2.lr() == opt.lr());
+    schedule2.step();
+    EXPECT(opt2.lr() == opt.options().lr * 0.125);
     EXPECT(same_parameters(m, m2));
     EXPECT(opt2.steps() == 2 && opt2.buffer(0, "exp_avg_sq").equal(opt.buffer(0, "exp_avg_sq")));
     EXPECT(std::get<pk::ValuePtr>(st["step"])->int64() == 2);
@@ -598,7 +609,7 @@ TEST_CASE("fsdp strategy: precision parsed once: bf16-true converts the model, b
   CHECK(precision_and_error_kinds());
 }
 
-TEST_CASE("fsdp strategy: save_checkpoint then load_checkpoint at 2 ranks, sharded and full: the same parameters, optimizer and next step", "[fsdp][strategy]") {
+TEST_CASE("fsdp strategy: save_checkpoint then load_checkpoint at 2 ranks, sharded and full: the same parameters, optimizer, schedule and next step", "[fsdp][strategy]") {
   char tmpl[] = "/tmp/fsdp-strategy2-XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   ::setenv("FSDP_TEST_DIR", dir.c_str(), 1);

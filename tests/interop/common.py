@@ -114,6 +114,27 @@ def read_safetensors(path, padded=True):
     return meta, {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
 
 
+def write_safetensors(path, tensors, metadata=None):
+    """A safetensors file as huggingface/safetensors lays it out (docs/formats/safetensors.md): the
+    header's length (8 bytes, little-endian), the JSON header (each tensor's dtype, shape and
+    data_offsets; __metadata__) padded with spaces to a multiple of 8, then the data in the order
+    given. float32 tensors only (the safetensors package is not in Debian)."""
+    import torch
+    header, at, blobs = {}, 0, []
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, t in tensors.items():
+        assert t.dtype == torch.float32, (name, t.dtype)
+        b = tensor_bytes(torch, t)
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + len(b)]}
+        at += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 def raw(t):
     """A tensor's bytes in C order (bool as one byte each)."""
     import torch

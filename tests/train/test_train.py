@@ -149,6 +149,29 @@ def pytorch_equivalence(tied=False, freeze=(), nproc_last=1):
     for g in groups:
         assert close(g["lr"], gpt.learning_rate(7, 3e-3, 8, 3), 1e-12) and g["initial_lr"] == 3e-3, g
         assert list(g)[-2:] == ["initial_lr", "params"], list(g)
+    # The schedule's state is torch's LambdaLR.state_dict() after 6 steps of the same schedule
+    # (epoch e is step e + 1), key for key; a LambdaLR that loads it goes on with our lr.
+    for g in opt.param_groups:
+        g["initial_lr"] = 3e-3  # the peak, which LambdaLR keeps as each group's base lr
+    import warnings
+    with warnings.catch_warnings():  # stepped without optimizer.step(): only its state is wanted
+        warnings.simplefilter("ignore")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: gpt.learning_rate(e + 1, 3e-3, 8, 3) / 3e-3)
+        for _ in range(6):
+            sched.step()
+    want = sched.state_dict()
+    assert list(full["scheduler"]) == list(want), (list(full["scheduler"]), list(want))
+    for k, v in want.items():
+        got = full["scheduler"][k]
+        if k in ("base_lrs", "_last_lr"):
+            assert len(got) == len(v) and all(close(x, y, 1e-12) for x, y in zip(got, v)), (k, got, v)
+        else:
+            assert got == v, (k, got, v)
+    sched.load_state_dict(full["scheduler"])
+    sched.step()
+    assert close(opt.param_groups[0]["lr"], gpt.learning_rate(8, 3e-3, 8, 3), 1e-12), opt.param_groups[0]["lr"]
+    for g, saved in zip(opt.param_groups, groups):
+        g["lr"] = saved["lr"]
     theirs.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -276,6 +299,72 @@ def same_curve(strategy, nproc=2, extra=(), rel=1e-4):
         assert not bad, f"losses differ: {bad}"
         assert l1[12] < l1[1], f"the loss did not fall: {l1[1]} -> {l1[12]}"
     return run
+
+
+def llama():
+    # --model llama is Hugging Face's LlamaForCausalLM (tests/train/llama.py re-implements it from
+    # transformers' source): it starts from a Hugging Face folder with that model's loss; its
+    # merged safetensors load by name into it (strict), with our loss on the next batch; 1 rank x 8
+    # and 2 ranks x 4 (a unit per decoder layer) follow one curve. Grouped-query attention (2
+    # key-value heads for 4) and tied embeddings throughout.
+    import llama as hf
+    from common import read_safetensors, write_safetensors
+    shape = ["--model", "llama", "--n-kv-head", "2", "--tie-embeddings", "--auto-wrap", "block"]
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": 32,
+              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 256, "max_position_embeddings": 32,
+              "tie_word_embeddings": True}
+    tokens, train_end = gpt.text_tokens(a.text)
+    # A Hugging Face folder (config.json, model.safetensors without the tied lm_head.weight, as
+    # save_pretrained writes it) of weights large enough that attention is far from uniform:
+    # started from it, our first loss is LlamaForCausalLM's on the same batch.
+    torch.manual_seed(3)
+    ref = hf.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for n, p_ in ref.named_parameters():
+            p_.copy_(1.0 + 0.1 * torch.randn_like(p_) if n.endswith("norm.weight") else 0.3 * torch.randn_like(p_))
+    folder = os.path.join(work, "hf-llama")
+    os.makedirs(folder)
+    json.dump(config, open(os.path.join(folder, "config.json"), "w"))
+    write_safetensors(os.path.join(folder, "model.safetensors"),
+                      {k: v for k, v in ref.state_dict().items() if k != "lm_head.weight"}, {"format": "pt"})
+    x, y = gpt.batch(tokens, train_end, SEED, 1, 0, 8, SHAPE["block_size"])
+    with torch.no_grad():
+        want = hf.loss(ref, x, y).item()
+    for nproc in (1, 2):
+        log = os.path.join(work, f"llama-init{nproc}.jsonl")
+        train("--steps", "1", "--batch-size", str(8 // nproc), *shape, "--init-from", folder, "--log-jsonl", log,
+              nproc=nproc if nproc > 1 else None)
+        assert close(losses(log)[1], want, 1e-5), f"at {nproc} rank(s) our first loss {losses(log)[1]!r}, LlamaForCausalLM's {want!r}"
+    one, two = os.path.join(work, "llama1.jsonl"), os.path.join(work, "llama2.jsonl")
+    train("--steps", "8", "--batch-size", "8", *shape, "--log-jsonl", one)
+    d = os.path.join(work, "llama")
+    train("--steps", "8", "--batch-size", "4", *shape, "--log-jsonl", two, "--ckpt-dir", d, "--save-every", "4", nproc=2)
+    l1, l2 = losses(one), losses(two)
+    assert sorted(l1) == list(range(1, 9)) and sorted(l2) == sorted(l1), (sorted(l1), sorted(l2))
+    bad = [(st, l1[st], l2[st]) for st in l1 if not close(l1[st], l2[st], 1e-5)]
+    assert not bad, f"losses differ: {bad}"
+    assert l1[8] < l1[1], f"the loss did not fall: {l1[1]} -> {l1[8]}"
+    out = os.path.join(work, "llama4.safetensors")
+    r = subprocess.run([a.merge, os.path.join(d, "step-00000004"), "-o", out, "--model-only", "-q"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    _, tensors = read_safetensors(out)
+    state = {k: torch.frombuffer(bytearray(b), dtype=torch.float32).reshape(shape_) for k, (dt, shape_, b) in tensors.items()
+             if dt == "F32"}
+    assert len(state) == len(tensors), sorted(tensors)
+    model = hf.LlamaForCausalLM(config)
+    names = sorted(n for n, _ in model.state_dict(keep_vars=True).items())
+    assert sorted(state) == names, (sorted(state), names)  # Hugging Face's names, both of a tied pair
+    model.load_state_dict(state, strict=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+    x, y = gpt.batch(tokens, train_end, SEED, 5, 0, 8, SHAPE["block_size"])
+    with torch.no_grad():
+        theirs = hf.loss(model, x, y).item()
+    assert close(theirs, l2[5], 1e-5), f"LlamaForCausalLM's loss {theirs!r} after step 4, ours {l2[5]!r}"
+    r = train("--steps", "1", "--model", "gpt", "--n-kv-head", "2", expect=2)
+    assert "are for --model llama" in r.stderr, r.stderr
+    r = train("--steps", "1", "--model", "llama", "--n-kv-head", "3", expect=2)
+    assert "--n-head 4 is not a multiple of --n-kv-head 3" in r.stderr, r.stderr
 
 
 def hybrid_shard():
@@ -763,6 +852,7 @@ check("pytorch_tied_gpt_and_adamw_equivalence", lambda: pytorch_equivalence(tied
 check("pytorch_param_groups_and_frozen_adamw_equivalence", lambda: pytorch_equivalence(freeze=("block0.attn.*", "embed.wpe.*"), nproc_last=3))
 check("init_from", init_from)
 check("full_state_dict", full_state_dict)
+check("llama_is_hugging_face_llama", llama)
 check("same_curve_full_shard", same_curve("FULL_SHARD"))
 check("same_curve_shard_grad_op", same_curve("SHARD_GRAD_OP"))
 check("hybrid_shard", hybrid_shard)

@@ -19,7 +19,10 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
                         "Train a model with fully sharded data parallelism (libfsdp) on one or more ranks, with sharded "
                         "checkpoints that PyTorch reads as its own, and resume them at any world size.");
   auto* m = "Model";
-  auto* model = app->add_option("--model", c.model, "gpt (decoder-only transformer) or mlp (embedding, one hidden layer)")->check(CLI::IsMember({"gpt", "mlp"}))->group(m);
+  auto* model = app->add_option("--model", c.model,
+                                 "gpt (decoder-only transformer, nanoGPT's), llama (Hugging Face's LlamaForCausalLM, its parameter names) "
+                                 "or mlp (embedding, one hidden layer)")
+                     ->check(CLI::IsMember({"gpt", "llama", "mlp"}))->group(m);
   app->add_option("--model-script", c.model_script,
                   "a TorchScript module exported from Python (torch.jit.script or trace, saved with torch.jit.save) whose "
                   "forward(tokens) returns logits; trained as one FSDP unit, its parameters saved under their own FQNs. "
@@ -30,9 +33,16 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--n-embd", c.n_embd, "embedding width")->check(CLI::Range(1, 1 << 16))->group(m);
   app->add_option("--block-size", c.block_size, "context length in tokens")->check(CLI::Range(1, 1 << 16))->group(m);
   app->add_option("--vocab-size", c.vocab_size, "vocabulary size (256 for a text file's bytes)")->check(CLI::Range(2, 65536))->group(m);
-  app->add_flag("--tie-weights", c.tie_weights,
-                "gpt: the output head uses the token embedding's weight (one parameter, saved under both names, as nanoGPT's)")
+  app->add_flag("--tie-weights,--tie-embeddings", c.tie_weights,
+                "gpt, llama: the output head uses the token embedding's weight (one parameter, saved under both names, as nanoGPT's "
+                "and Hugging Face's tie_word_embeddings)")
       ->group(m);
+  fsdp_tools::no_default(app->add_option("--n-kv-head", c.n_kv_head, "llama: key and value heads, grouped-query attention (must divide --n-head; default: --n-head)"))
+      ->check(CLI::Range(1, 1024))->group(m);
+  fsdp_tools::no_default(app->add_option("--ffn-hidden", c.ffn_hidden, "llama: the MLP's hidden size (default: Llama's rule, 2/3 of 4 x --n-embd rounded up to 256)"))
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))->group(m);
+  app->add_option("--rope-theta", c.rope_theta, "llama: the rotary embeddings' base")->check(CLI::PositiveNumber)->group(m);
+  app->add_option("--norm-eps", c.norm_eps, "llama: RMSNorm's epsilon")->check(CLI::PositiveNumber)->group(m);
   auto* d = "Data";
   app->add_option("--data", c.data, "synthetic, FILE.bin (uint16 tokens, as nanoGPT writes) or any other file (its bytes are the tokens)")->group(d);
   app->add_option("--val-fraction", c.val_fraction, "the last part of the tokens kept for validation")->check(CLI::Range(0.0, 0.9))->group(d);
@@ -163,9 +173,21 @@ void validate(TrainConfig& c) {
   } catch (const ckpt::Error& e) {
     throw fsdp_tools::UsageError(std::string("--init-rename: ") + e.what());
   }
+  const TrainConfig defaults;
+  if (c.model != "llama" && (c.n_kv_head != defaults.n_kv_head || c.ffn_hidden != defaults.ffn_hidden || c.rope_theta != defaults.rope_theta ||
+                             c.norm_eps != defaults.norm_eps)) {
+    throw fsdp_tools::UsageError("--n-kv-head, --ffn-hidden, --rope-theta and --norm-eps are for --model llama");
+  }
   if (c.model_script.empty()) {
-    if (c.model == "gpt" && c.n_head > 0 && c.n_embd % c.n_head != 0) {
+    if ((c.model == "gpt" || c.model == "llama") && c.n_head > 0 && c.n_embd % c.n_head != 0) {
       throw fsdp_tools::UsageError("--n-embd " + std::to_string(c.n_embd) + " is not a multiple of --n-head " + std::to_string(c.n_head));
+    }
+    if (c.model == "llama" && (c.n_embd / c.n_head) % 2 != 0) {
+      throw fsdp_tools::UsageError("--n-embd " + std::to_string(c.n_embd) + " / --n-head " + std::to_string(c.n_head) +
+                                   " is an odd head size; rotary embeddings pair a head's halves");
+    }
+    if (c.model == "llama" && c.n_kv_head > 0 && c.n_head % c.n_kv_head != 0) {
+      throw fsdp_tools::UsageError("--n-head " + std::to_string(c.n_head) + " is not a multiple of --n-kv-head " + std::to_string(c.n_kv_head));
     }
     return;
   }
@@ -173,7 +195,7 @@ void validate(TrainConfig& c) {
   // A script's forward is opaque: FSDP cannot run, wrap or recompute its parts one by one.
   if (c.activation_checkpointing) throw fsdp_tools::UsageError("--activation-checkpointing needs the model's blocks; a --model-script is one opaque module");
   if (c.auto_wrap != "auto" && c.auto_wrap != "children") throw fsdp_tools::UsageError("--auto-wrap " + c.auto_wrap + ": a --model-script is one FSDP unit (its forward is opaque)");
-  if (c.tie_weights) throw fsdp_tools::UsageError("--tie-weights is for --model gpt; a --model-script ties what it ties");
+  if (c.tie_weights) throw fsdp_tools::UsageError("--tie-weights is for --model gpt and llama; a --model-script ties what it ties");
 }
 
 std::optional<std::pair<int, int>> explicit_mesh(const TrainConfig& c, int world) {

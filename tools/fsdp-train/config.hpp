@@ -22,10 +22,14 @@ inline constexpr std::int64_t kAutoWrapParams = 100'000'000;
 
 struct TrainConfig {
   // model
-  std::string model = "gpt";  ///< gpt or mlp; "script" once validate() has seen --model-script
+  std::string model = "gpt";  ///< gpt, llama or mlp; "script" once validate() has seen --model-script
   std::string model_script;   ///< a torch.jit.save file: the model, its parameters under their own FQNs
   int n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 256;
-  bool tie_weights = false;  ///< gpt: the head's weight is the token embedding's
+  bool tie_weights = false;  ///< gpt, llama: the head's weight is the token embedding's
+  // llama (ModelShape's)
+  int n_kv_head = 0;             ///< 0: --n-head
+  std::int64_t ffn_hidden = 0;   ///< 0: Llama's rule
+  double rope_theta = 10000, norm_eps = 1e-5;
   // data
   std::string data = "synthetic";
   double val_fraction = 0.1;

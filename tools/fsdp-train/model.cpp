@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "fsdp/fully_sharded.hpp"
 #include "fsdp/script_module.hpp"
 
 namespace fsdp_train {
@@ -115,7 +116,103 @@ struct HeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(Head);
 
+// Hugging Face transformers' LlamaForCausalLM (models/llama/modeling_llama.py), eager attention,
+// no biases; tests/train/llama.py is the same computation in PyTorch.
+
+// LlamaRMSNorm: computed in float32, the weight applied in the input's dtype.
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(std::int64_t dim, double eps_) : eps(eps_) { weight = register_parameter("weight", torch::ones({dim})); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor h = x.to(torch::kFloat);
+    return weight * (h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+  }
+  double eps;
+  torch::Tensor weight;
+};
+TORCH_MODULE(RMSNorm);
+
+// The rotate-half convention: the first and second halves of each head's dimensions pair up.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const std::int64_t h = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+struct LlamaAttentionImpl : torch::nn::Module {
+  explicit LlamaAttentionImpl(const ModelShape& s)
+      : n_head(s.n_head), n_kv_head(s.n_kv_head > 0 ? s.n_kv_head : s.n_head), head_dim(s.n_embd / s.n_head), theta(s.rope_theta) {
+    q_proj = register_module("q_proj", linear(s.n_embd, n_head * head_dim, false, 0.02));
+    k_proj = register_module("k_proj", linear(s.n_embd, n_kv_head * head_dim, false, 0.02));
+    v_proj = register_module("v_proj", linear(s.n_embd, n_kv_head * head_dim, false, 0.02));
+    o_proj = register_module("o_proj", linear(n_head * head_dim, s.n_embd, false, 0.02));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const std::int64_t B = x.size(0), T = x.size(1);
+    auto heads = [&](const torch::Tensor& t, std::int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
+    torch::Tensor q = heads(q_proj(x), n_head), k = heads(k_proj(x), n_kv_head), v = heads(v_proj(x), n_kv_head);
+    // Rotary embeddings of positions 0 … T-1, computed in float32 (LlamaRotaryEmbedding).
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+    const torch::Tensor inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) / head_dim);
+    const torch::Tensor freqs = torch::outer(torch::arange(T, f32), inv_freq);
+    const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    const torch::Tensor cos = emb.cos().to(q.scalar_type()), sin = emb.sin().to(q.scalar_type());
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    // Grouped-query attention: each key and value head serves n_head / n_kv_head query heads (repeat_kv).
+    const std::int64_t rep = n_head / n_kv_head;
+    auto repeated = [&](const torch::Tensor& t) {
+      return rep == 1 ? t : t.unsqueeze(2).expand({B, n_kv_head, rep, T, head_dim}).reshape({B, n_head, T, head_dim});
+    };
+    k = repeated(k);
+    v = repeated(v);
+    torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim));
+    const torch::Tensor causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).tril();
+    att = att.masked_fill(causal.logical_not(), -std::numeric_limits<float>::infinity());
+    att = att.softmax(-1, torch::kFloat).to(q.scalar_type());
+    return o_proj(torch::matmul(att, v).transpose(1, 2).contiguous().reshape({B, T, n_head * head_dim}));
+  }
+  std::int64_t n_head, n_kv_head, head_dim;
+  double theta;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+};
+TORCH_MODULE(LlamaAttention);
+
+// SwiGLU: down(silu(gate(x)) * up(x)).
+struct LlamaMlpImpl : torch::nn::Module {
+  explicit LlamaMlpImpl(const ModelShape& s) {
+    const std::int64_t hidden = llama_ffn_hidden(s.n_embd, s.ffn_hidden);
+    gate_proj = register_module("gate_proj", linear(s.n_embd, hidden, false, 0.02));
+    up_proj = register_module("up_proj", linear(s.n_embd, hidden, false, 0.02));
+    down_proj = register_module("down_proj", linear(hidden, s.n_embd, false, 0.02));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+struct LlamaDecoderLayerImpl : torch::nn::Module {
+  explicit LlamaDecoderLayerImpl(const ModelShape& s) {
+    input_layernorm = register_module("input_layernorm", RMSNorm(s.n_embd, s.norm_eps));
+    self_attn = register_module("self_attn", LlamaAttention(s));
+    post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(s.n_embd, s.norm_eps));
+    mlp = register_module("mlp", LlamaMlp(s));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor h = x + self_attn(input_layernorm(x));
+    return h + mlp(post_attention_layernorm(h));
+  }
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
 }  // namespace
+
+std::int64_t llama_ffn_hidden(std::int64_t n_embd, std::int64_t ffn_hidden) {
+  if (ffn_hidden > 0) return ffn_hidden;
+  const std::int64_t two_thirds = 2 * (4 * n_embd) / 3, multiple = 256;
+  return (two_thirds + multiple - 1) / multiple * multiple;
+}
 
 torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
   torch::nn::Sequential seq;
@@ -127,8 +224,30 @@ torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
     seq->push_back("embed", embed);
     for (int i = 0; i < s.n_layer; ++i) seq->push_back("block" + std::to_string(i), Block(s));
     seq->push_back("head", Head(s, s.tie_weights ? embed->wte->weight : torch::Tensor()));
+  } else if (kind == "llama") {
+    if (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0) {
+      throw std::invalid_argument("--n-embd " + std::to_string(s.n_embd) + " over --n-head " + std::to_string(s.n_head) +
+                                  " must give an even head size (rotary embeddings pair a head's halves)");
+    }
+    if (s.n_kv_head > 0 && s.n_head % s.n_kv_head != 0) {
+      throw std::invalid_argument("--n-head " + std::to_string(s.n_head) + " is not a multiple of --n-kv-head " + std::to_string(s.n_kv_head));
+    }
+    // model (embed_tokens | layers | norm) | lm_head: Chains, so that a wrap policy reaches the layers.
+    torch::nn::Embedding embed_tokens = embedding(s.vocab_size, s.n_embd);
+    fsdp::Chain layers;
+    for (int i = 0; i < s.n_layer; ++i) layers->push_back(std::to_string(i), LlamaDecoderLayer(s));
+    fsdp::Chain model;
+    model->push_back("embed_tokens", embed_tokens);
+    model->push_back("layers", layers);
+    model->push_back("norm", RMSNorm(s.n_embd, s.norm_eps));
+    seq->push_back("model", model);
+    if (s.tie_weights) {
+      seq->push_back("lm_head", TiedLinear(embed_tokens->weight));
+    } else {
+      seq->push_back("lm_head", linear(s.n_embd, s.vocab_size, false, 0.02));
+    }
   } else if (kind == "mlp") {
-    if (s.tie_weights) throw std::invalid_argument("--tie-weights is for --model gpt");
+    if (s.tie_weights) throw std::invalid_argument("--tie-weights is for --model gpt and llama");
     seq->push_back("embed", Embed(s, false));
     seq->push_back("fc", linear(s.n_embd, 4 * s.n_embd, true, 0.02));
     seq->push_back("act", torch::nn::GELU());
@@ -136,7 +255,7 @@ torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
   } else if (kind == "script") {
     seq->push_back("script", fsdp::load_script_module(s.script));
   } else {
-    throw std::invalid_argument("unknown model '" + kind + "' (gpt or mlp)");
+    throw std::invalid_argument("unknown model '" + kind + "' (gpt, llama or mlp)");
   }
   return seq;
 }

@@ -3,8 +3,14 @@
 //   gpt: embed (wte, wpe) | block0 … block{L-1} (ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
 //        mlp.c_proj; pre-LayerNorm, causal self-attention, exact GELU) | head (ln_f, lm_head,
 //        whose weight may be wte's: tied)
+//   llama: model (embed_tokens | layers (0 … L-1, each input_layernorm, self_attn.{q,k,v,o}_proj,
+//        post_attention_layernorm, mlp.{gate,up,down}_proj) | norm) | lm_head: Hugging Face's
+//        LlamaForCausalLM with its names and layouts (RMSNorm, rotary embeddings of positions
+//        0 … T-1 in the rotate-half convention, grouped-query causal attention, SwiGLU, no biases);
+//        model and layers are fsdp::Chains, so `--auto-wrap block` makes each layer a unit
 //   mlp: embed (wte) | fc | act (GELU) | out: a next-token model of the current token alone
-// Parameter names are these FQNs; tests/train/gpt.py defines the same modules in PyTorch.
+// Parameter names are these FQNs; tests/train/gpt.py and tests/train/llama.py define the same
+// modules in PyTorch.
 // Initialization as nanoGPT's: N(0, 0.02) weights, zero biases, c_proj weights N(0, 0.02/√(2L)).
 #pragma once
 
@@ -17,8 +23,13 @@ namespace fsdp_train {
 
 struct ModelShape {
   int n_layer = 2, n_head = 4, n_embd = 64, block_size = 64, vocab_size = 256;
-  /// gpt: head.lm_head.weight is embed.wte.weight (one Parameter under both names, as nanoGPT's).
+  /// gpt: head.lm_head.weight is embed.wte.weight (one Parameter under both names, as nanoGPT's);
+  /// llama: lm_head.weight is model.embed_tokens.weight (tie_word_embeddings).
   bool tie_weights = false;
+  // llama
+  int n_kv_head = 0;        ///< key and value heads (grouped-query attention); 0: n_head
+  std::int64_t ffn_hidden = 0;  ///< the MLP's hidden size; 0: Llama's rule (llama_ffn_hidden)
+  double rope_theta = 10000, norm_eps = 1e-5;
   std::string script;  ///< kind "script": the torch.jit.save file
 };
 
@@ -27,5 +38,9 @@ struct ModelShape {
 /// for a shape that cannot be built (n_embd not a multiple of n_head), fsdp::Error for a file that
 /// is not a TorchScript module.
 torch::nn::Sequential make_model(const std::string& kind, const ModelShape& shape);
+
+/// The llama MLP's hidden size: `ffn_hidden` when > 0, or Llama's rule, 2/3 of 4 × n_embd rounded
+/// up to a multiple of 256 (11008 at 4096).
+std::int64_t llama_ffn_hidden(std::int64_t n_embd, std::int64_t ffn_hidden);
 
 }  // namespace fsdp_train

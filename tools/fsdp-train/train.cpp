@@ -31,6 +31,7 @@
 #include "fsdp/fully_sharded.hpp"
 #include "fsdp/optim.hpp"
 #include "fsdp/process_group.hpp"
+#include "fsdp/scheduler.hpp"
 #include "fsdp/script_module.hpp"
 #include "fsdp/strategy.hpp"
 
@@ -130,6 +131,12 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   put("block_size", pk::make_int(c.block_size));
   put("vocab_size", pk::make_int(c.vocab_size));
   put("tie_weights", pk::make_bool(c.tie_weights));
+  if (c.model == "llama") {
+    put("n_kv_head", pk::make_int(c.n_kv_head > 0 ? c.n_kv_head : c.n_head));
+    put("ffn_hidden", pk::make_int(llama_ffn_hidden(c.n_embd, c.ffn_hidden)));
+    put("rope_theta", pk::make_float(c.rope_theta));
+    put("norm_eps", pk::make_float(c.norm_eps));
+  }
   put("data", pk::make_str(c.data));
   put("val_fraction", pk::make_float(c.val_fraction));
   put("steps", pk::make_int(c.steps));
@@ -159,34 +166,24 @@ pk::ValuePtr config_dict(const TrainConfig& c, int world) {
   return pk::make_dict(std::move(d));
 }
 
-const pk::Value* lookup(const pk::Value* dict, const std::string& key) {
-  if (!dict) return nullptr;
-  const auto* items = dict->dict_items();
-  if (!items) return nullptr;
-  for (const auto& [k, v] : *items) {
-    if (k->str() && *k->str() == key) return v.get();
-  }
-  return nullptr;
-}
-
 /// The run being resumed must be the same model: these must agree with the checkpoint's config.
 void check_same_model(const TrainConfig& c, const pk::ValuePtr& meta, const fs::path& where) {
-  const pk::Value* cfg = lookup(meta.get(), "config");
+  const pk::Value* cfg = pk::dict_value(meta.get(), "config").get();
   if (!cfg) return;  // not ours (PyTorch's or Lightning's): the parameter shapes were checked on load
   auto want_int = [&](const char* key, std::int64_t v) {
-    const pk::Value* x = lookup(cfg, key);
+    const pk::Value* x = pk::dict_value(cfg, key).get();
     if (x && x->int64() && *x->int64() != v) {
       throw std::runtime_error(where.string() + ": the checkpoint's " + key + " is " + std::to_string(*x->int64()) + ", this run's " + std::to_string(v));
     }
   };
-  const pk::Value* model = lookup(cfg, "model");
+  const pk::Value* model = pk::dict_value(cfg, "model").get();
   if (model && model->str() && *model->str() != c.model) throw std::runtime_error(where.string() + ": the checkpoint is of a '" + *model->str() + "' model, this run's is '" + c.model + "'");
   want_int("n_layer", c.n_layer);
   want_int("n_head", c.n_head);
   want_int("n_embd", c.n_embd);
   want_int("block_size", c.block_size);
   want_int("vocab_size", c.vocab_size);
-  const pk::Value* opt = lookup(cfg, "optimizer");
+  const pk::Value* opt = pk::dict_value(cfg, "optimizer").get();
   if (opt && opt->str() && *opt->str() != c.optimizer) throw std::runtime_error(where.string() + ": the checkpoint's optimizer is " + *opt->str() + ", this run's " + c.optimizer);
 }
 
@@ -197,7 +194,9 @@ class Trainer {
       : c_(c), strategy_(strategy), pg_(strategy.group()), rank_(pg_.rank()), world_(pg_.size()), device_(strategy.root_device()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
         fsdp_(strategy.setup_module(build_model(c))),
-        opt_(strategy.setup_optimizer(optimizer_options(c, fsdp_))) {}
+        opt_(strategy.setup_optimizer(optimizer_options(c, fsdp_))),
+        // Epoch e is step e + 1: torch's LambdaLR over the groups' initial lr (--lr).
+        schedule_(opt_, [&c](std::int64_t epoch) { return learning_rate(c, epoch + 1) / c.lr; }) {}
 
   /// fsdp-train's options as the strategy's (Fabric's FSDPStrategy arguments): the registry's
   /// --strategy, with every other option set explicitly.
@@ -209,7 +208,7 @@ class Trainer {
     o.precision = c.precision;
     o.mixed_precision = mixed_precision(c);
     o.auto_wrap_policy = wrap_policy(c);
-    if (c.activation_checkpointing) o.activation_checkpointing_policy = fsdp::WrapPolicy{{}, {"Block"}, 0};  // Lightning's {Block}
+    if (c.activation_checkpointing) o.activation_checkpointing_policy = fsdp::WrapPolicy{{}, {"Block", "LlamaDecoderLayer"}, 0};  // Lightning's {Block}
     o.backward_prefetch = c.backward_prefetch == "BACKWARD_PRE";
     o.forward_prefetch = c.forward_prefetch;
     if (c.overlap_reduction != "auto") o.overlap_reduction = c.overlap_reduction == "on";
@@ -240,7 +239,7 @@ class Trainer {
       ++step;
       const auto t0 = std::chrono::steady_clock::now();
       const auto comm0 = pg_.stats().time;
-      const double lr = learning_rate(c_, step);
+      const double lr = opt_.lr();  // this step's, the schedule's
       opt_.zero_grad();
       double local = 0;
       for (int m = 0; m < c_.accumulate; ++m) {
@@ -251,8 +250,8 @@ class Trainer {
         local += loss.item<double>();
       }
       const double norm = c_.grad_clip > 0 ? strategy_.clip_gradients_norm(opt_, c_.grad_clip, 2.0, /*error_if_nonfinite=*/false) : -1;
-      const bool stepped = strategy_.optimizer_step(opt_, lr);
-      opt_.set_lr(learning_rate(c_, step + 1));  // what a scheduler's step() leaves in param_groups: the next step's
+      const bool stepped = strategy_.optimizer_step(opt_);
+      schedule_.step();  // as torch's loop, whether the optimizer stepped or not
       if (!stepped) {
         const fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_);
         say("step " + std::to_string(step) + ": the gradients hold an inf or NaN; step skipped, grad scale now " +
@@ -340,7 +339,9 @@ class Trainer {
   static torch::nn::Sequential build_model(const TrainConfig& c) {
     torch::manual_seed(c.seed);
     torch::nn::Sequential model =
-        make_model(c.model, {c.n_layer, c.n_head, c.n_embd, c.block_size, c.vocab_size, c.tie_weights, c.model_script});
+        make_model(c.model, {.n_layer = c.n_layer, .n_head = c.n_head, .n_embd = c.n_embd, .block_size = c.block_size, .vocab_size = c.vocab_size,
+                             .tie_weights = c.tie_weights, .n_kv_head = c.n_kv_head, .ffn_hidden = c.ffn_hidden, .rope_theta = c.rope_theta,
+                             .norm_eps = c.norm_eps, .script = c.model_script});
     // --freeze: frozen before wrapping, as FSDP wraps a module whose parameters require no grad.
     for (const std::string& glob : c.freeze) {
       bool any = false;
@@ -357,7 +358,7 @@ class Trainer {
   static fsdp::WrapPolicy wrap_policy(const TrainConfig& c) {
     fsdp::WrapPolicy w;
     if (c.auto_wrap == "block") {
-      w.module_types = {"Block"};  // Lightning's auto_wrap_policy={Block}
+      w.module_types = {"Block", "LlamaDecoderLayer"};  // Lightning's auto_wrap_policy={Block}
     } else if (c.auto_wrap == "auto") {
       w.min_num_params = kAutoWrapParams;
     } else if (c.auto_wrap != "children") {
@@ -534,8 +535,7 @@ class Trainer {
     state["step"] = pk::make_int(step);
     state["world_size"] = pk::make_int(world_);
     state["config"] = config_dict(c_, world_);
-    state["scheduler"] = pk::make_dict({{pk::make_str("last_epoch"), pk::make_int(step)},
-                                        {pk::make_str("last_lr"), pk::make_float(learning_rate(c_, step))}});
+    state["scheduler"] = &schedule_;  // LambdaLR.state_dict()
     state["data"] = pk::make_dict({{pk::make_str("seed"), pk::make_int(static_cast<std::int64_t>(c_.seed))},
                                    {pk::make_str("next_step"), pk::make_int(step + 1)}});
     if (const fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_)) {  // 16-mixed: GradScaler.state_dict()'s
@@ -589,9 +589,9 @@ class Trainer {
   // A resumed run may change --steps, the batch or the world size; the run goes on, but the
   // learning-rate schedule or the global batch it trains with then differs from the saved run's.
   void warn_if_schedule_changed(const pk::ValuePtr& meta) const {
-    const pk::Value* cfg = lookup(meta.get(), "config");
+    const pk::Value* cfg = pk::dict_value(meta.get(), "config").get();
     auto saved = [&](const char* key) -> std::optional<std::int64_t> {
-      const pk::Value* v = lookup(cfg, key);
+      const pk::Value* v = pk::dict_value(cfg, key).get();
       return v && v->int64() ? std::optional(*v->int64()) : std::nullopt;
     };
     if (!cfg) return;
@@ -693,11 +693,19 @@ class Trainer {
     check_same_model(c_, meta, path);
     warn_if_schedule_changed(meta);
     std::int64_t step = opt_.steps();
-    if (const pk::Value* s = lookup(meta.get(), "step"); s && s->int64()) step = *s->int64();
+    if (const pk::Value* s = pk::dict_value(meta.get(), "step").get(); s && s->int64()) step = *s->int64();
+    // The schedule's state as saved; a checkpoint without one (PyTorch's, Lightning's) goes on
+    // from its step as if the schedule had been followed.
+    if (const pk::ValuePtr saved = pk::dict_value(meta.get(), "scheduler")) {
+      schedule_.load_state_dict(saved);
+    } else {
+      schedule_.load_state_dict(pk::make_dict({{pk::make_str("last_epoch"), pk::make_int(step - 1)}}));
+      schedule_.step();
+    }
     if (fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_)) {
-      const pk::Value* saved = lookup(meta.get(), "grad_scaler");
-      const pk::Value* scale = lookup(saved, "scale");
-      const pk::Value* tracker = lookup(saved, "_growth_tracker");
+      const pk::Value* saved = pk::dict_value(meta.get(), "grad_scaler").get();
+      const pk::Value* scale = pk::dict_value(saved, "scale").get();
+      const pk::Value* tracker = pk::dict_value(saved, "_growth_tracker").get();
       const double* value = scale ? scale->get_if<double>() : nullptr;
       if (value && tracker && tracker->int64()) scaler->load(*value, *tracker->int64());
     }
@@ -713,6 +721,7 @@ class Trainer {
   TokenData data_;
   fsdp::FullyShardedSequential& fsdp_;
   fsdp::ShardedOptimizer& opt_;
+  fsdp::LambdaLR schedule_;
   std::ofstream log_;
   bool bar_ = rank_ == 0 && !c_.quiet && ::isatty(STDERR_FILENO);
 };

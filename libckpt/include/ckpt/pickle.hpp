@@ -178,6 +178,12 @@ ValuePtr make_persistent_id(ValuePtr pid);
 /// `collections.OrderedDict()` with `items` (REDUCE, then SETITEMS).
 ValuePtr make_ordered_dict(std::vector<std::pair<ValuePtr, ValuePtr>> items = {});
 
+/// The value under the str key `key` of `dict` (a dict, or what dict_items() reads as one); null
+/// when `dict` is null, not a dict, or has no such key. Null-safe, so look-ups chain.
+ValuePtr dict_value(const Value* dict, std::string_view key);
+/// A float, or an int as a double; nullopt for null or anything else.
+std::optional<double> number_value(const Value* value);
+
 /// A copy of `root` in which each node for which `replace` returns a value is replaced by it.
 /// Nodes with no replacement below them are `root`'s own; a node shared in `root` stays shared.
 ValuePtr rebuild(const ValuePtr& root, const std::function<ValuePtr(const Value&)>& replace);

@@ -185,6 +185,22 @@ const std::vector<std::pair<ValuePtr, ValuePtr>>* Value::dict_items() const noex
   }
   return nullptr;
 }
+ValuePtr dict_value(const Value* dict, std::string_view key) {
+  const auto* items = dict ? dict->dict_items() : nullptr;
+  if (!items) return nullptr;
+  for (const auto& [k, v] : *items) {
+    if (k->str() && *k->str() == key) return v;
+  }
+  return nullptr;
+}
+
+std::optional<double> number_value(const Value* value) {
+  if (!value) return std::nullopt;
+  if (const double* d = value->get_if<double>()) return *d;
+  if (const auto i = value->int64()) return static_cast<double>(*i);
+  return std::nullopt;
+}
+
 GlobalKind Value::callable_kind() const noexcept {
   const Object* o = object();
   if (!o || !o->callable) return GlobalKind::kOpaque;

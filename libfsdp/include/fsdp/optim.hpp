@@ -77,16 +77,19 @@ class ShardedOptimizer {
   /// Clamps every gradient element into [-clip_value, clip_value] (torch.nn.utils.clip_grad_value_:
   /// elementwise, so each rank clamps its slice; no collective).
   void clip_grad_value(double clip_value);
-  /// One update with a schedule's learning rate `lr`: every group steps at lr scaled by its
+  /// One update. With a schedule's learning rate `lr`, every group steps at lr scaled by its
   /// initial_lr / options().lr, as one LambdaLR scales each group's initial_lr by one factor (a
-  /// group without an lr of its own steps at `lr`).
-  void step(double lr);
-  /// One update at each group's lr as it stands (torch's optimizer.step()).
-  void step();
+  /// group without an lr of its own steps at `lr`); without, at each group's lr as it stands
+  /// (torch's optimizer.step(): the groups' own, or what a LambdaLR set).
+  void step(std::optional<double> lr = std::nullopt);
   /// A schedule's learning rate for the next step, scaled into each group as step(lr) does: what
   /// torch's LRScheduler.step() leaves in group["lr"]. From then on param_groups also records each
   /// group's "initial_lr", as LambdaLR adds it.
   void set_lr(double lr) noexcept;
+  /// Each group's lr for the next step, in groups() order, as an LRScheduler's step() writes
+  /// group["lr"] (LambdaLR's); param_groups then records "initial_lr" as after set_lr. Throws
+  /// fsdp::Error unless there is one lr per group.
+  void set_lrs(const std::vector<double>& lrs);
   bool scheduled() const noexcept { return scheduled_; }
   /// The first group's lr (the schedule's learning rate when it has no lr of its own).
   double lr() const noexcept { return groups_.empty() ? options_.lr : groups_.front().lr; }
@@ -154,8 +157,9 @@ class ShardedGradScaler {
   /// Divides the shards' gradients by the scale (once a step; step() does it if you did not) and
   /// finds whether any rank's hold an inf or NaN: a collective over the model's group. Returns that.
   bool unscale();
-  /// The optimizer's step at `lr`, unless an inf or NaN was found; returns whether it stepped.
-  bool step(double lr);
+  /// The optimizer's step at `lr` (none: at each group's lr as it stands), unless an inf or NaN
+  /// was found; returns whether it stepped.
+  bool step(std::optional<double> lr = std::nullopt);
   /// The scale for the next step; clears this step's unscaling.
   void update();
 

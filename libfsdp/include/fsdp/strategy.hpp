@@ -35,6 +35,7 @@
 #include "fsdp/fully_sharded.hpp"
 #include "fsdp/optim.hpp"
 #include "fsdp/process_group.hpp"
+#include "fsdp/scheduler.hpp"
 
 namespace fsdp {
 
@@ -97,9 +98,11 @@ std::vector<std::string> registered_strategies();
 /// shows the cost). Returns whether OpenBLAS was found and set.
 bool set_num_threads(int threads);
 
-/// One object of a checkpoint's state: the model set up by the strategy, its optimizer, or any
-/// other value (saved in meta.pt, or at the top level of a full checkpoint).
-using StateItem = std::variant<FullyShardedSequential*, ShardedOptimizer*, ckpt::pickle::ValuePtr>;
+/// One object of a checkpoint's state: the model set up by the strategy, its optimizer, an object
+/// that saves itself as a value (a LambdaLR: its state_dict() is saved, and a load gives it the
+/// saved value through load_state_dict()), or any other value. Values go to meta.pt, or to the
+/// top level of a full checkpoint.
+using StateItem = std::variant<FullyShardedSequential*, ShardedOptimizer*, Stateful*, ckpt::pickle::ValuePtr>;
 using State = std::map<std::string, StateItem>;
 /// Lightning's filter: for a state key, which of its entries to save (the model's by parameter
 /// FQN, a dict value's by key). Full checkpoints only.
@@ -157,9 +160,10 @@ class Strategy {
   /// ShardedGradScaler (made by setup_optimizer); scale_loss multiplies the loss by its scale
   /// (run backward on the result), and optimizer_step steps unless a rank's gradients hold an inf
   /// or NaN, then updates the scale; returns whether it stepped. Any other precision: the loss as
-  /// it is, and a plain step.
+  /// it is, and a plain step. With `lr`, the step is at that schedule's lr (ShardedOptimizer::
+  /// step(lr)); without, at each group's lr as it stands (a LambdaLR's, or the groups' own).
   torch::Tensor scale_loss(const ShardedOptimizer& optimizer, const torch::Tensor& loss);
-  bool optimizer_step(ShardedOptimizer& optimizer, double lr);
+  bool optimizer_step(ShardedOptimizer& optimizer, std::optional<double> lr = std::nullopt);
   /// The optimizer's grad scaler under 16-mixed, else nullptr.
   ShardedGradScaler* grad_scaler(const ShardedOptimizer& optimizer);
 
@@ -178,8 +182,8 @@ class Strategy {
   /// of optimizers (each under its key: several over one model step disjoint groups). A collective.
   void save_checkpoint(const std::filesystem::path& path, const State& state, const Filter& filter = {});
   /// Loads a sharded directory or a full file (told apart as the seed does) into the model and
-  /// optimizer of `state`, at any world size; every other key of `state` receives the saved value
-  /// of that name. strict: the model's parameters and the requested keys must all be there, and
+  /// optimizer of `state`, at any world size; a Stateful of `state` loads the saved value of its
+  /// key, and every other key receives the saved value of that name. strict: the model's parameters and the requested keys must all be there, and
   /// the checkpoint may hold no other parameter of the model. Returns what was saved but not asked
   /// for (a dict). A collective.
   ckpt::pickle::ValuePtr load_checkpoint(const std::filesystem::path& path, State& state, bool strict = true);
