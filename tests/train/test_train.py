@@ -345,14 +345,19 @@ def llama():
     bad = [(st, l1[st], l2[st]) for st in l1 if not close(l1[st], l2[st], 1e-5)]
     assert not bad, f"losses differ: {bad}"
     assert l1[8] < l1[1], f"the loss did not fall: {l1[1]} -> {l1[8]}"
-    out = os.path.join(work, "llama4.safetensors")
-    r = subprocess.run([a.merge, os.path.join(d, "step-00000004"), "-o", out, "--model-only", "-q"], capture_output=True, text=True)
+    # Merged with --hf-config: config.json beside it, LlamaConfig's keys from the run's configuration.
+    out = os.path.join(work, "llama4", "model.safetensors")
+    os.makedirs(os.path.dirname(out))
+    r = subprocess.run([a.merge, os.path.join(d, "step-00000004"), "-o", out, "--model-only", "--hf-config"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    written = json.load(open(os.path.join(work, "llama4", "config.json")))
+    assert {k: written.get(k) for k in config} == config, (written, config)
+    assert written["torch_dtype"] == "float32", written
     _, tensors = read_safetensors(out)
     state = {k: torch.frombuffer(bytearray(b), dtype=torch.float32).reshape(shape_) for k, (dt, shape_, b) in tensors.items()
              if dt == "F32"}
     assert len(state) == len(tensors), sorted(tensors)
-    model = hf.LlamaForCausalLM(config)
+    model = hf.LlamaForCausalLM(written)
     names = sorted(n for n, _ in model.state_dict(keep_vars=True).items())
     assert sorted(state) == names, (sorted(state), names)  # Hugging Face's names, both of a tied pair
     model.load_state_dict(state, strict=True)
@@ -361,6 +366,14 @@ def llama():
     with torch.no_grad():
         theirs = hf.loss(model, x, y).item()
     assert close(theirs, l2[5], 1e-5), f"LlamaForCausalLM's loss {theirs!r} after step 4, ours {l2[5]!r}"
+    r = subprocess.run([a.merge, os.path.join(d, "step-00000004"), "-o", os.path.join(work, "llama4.pt"), "--hf-config"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--hf-config: applies to safetensors output only" in r.stderr, r.stderr
+    gpt_run = os.path.join(work, "gpt-for-hf")
+    train("--steps", "1", "--ckpt-dir", gpt_run)
+    r = subprocess.run([a.merge, os.path.join(gpt_run, "step-00000001"), "-o", os.path.join(work, "gpt1", "m.safetensors"), "--hf-config"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "this one is of a 'gpt' model" in r.stderr and not os.path.exists(os.path.join(work, "gpt1")), r.stderr
     r = train("--steps", "1", "--model", "gpt", "--n-kv-head", "2", expect=2)
     assert "are for --model llama" in r.stderr, r.stderr
     r = train("--steps", "1", "--model", "llama", "--n-kv-head", "3", expect=2)

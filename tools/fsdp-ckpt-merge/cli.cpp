@@ -27,6 +27,9 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
   app->add_flag("--strict-cast", o.strict_cast, "with --dtype, fail (writing nothing) when a cast turns finite values into inf or non-zeros into 0");
   app->add_flag("--model-only", o.model_only, "keep only the top-level key 'model'");
   app->add_option("--max-shard-size", o.max_shard_size, "safetensors: write Hugging Face shards of at most SIZE (5GB, 500MiB) into the OUTPUT directory");
+  app->add_flag("--hf-config", o.hf_config,
+                "safetensors: also write Hugging Face's config.json (beside OUTPUT, or in it with --max-shard-size) for an "
+                "fsdp-train --model llama checkpoint, from its training configuration");
   add_write_flags(*app, o.flags, "entries, bytes, output files");
   return app;
 }
@@ -61,6 +64,7 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
     m.max_shard_size = parse_byte_size(o.max_shard_size);
     if (*m.max_shard_size == 0) throw CLI::ValidationError("--max-shard-size", "must be more than 0 bytes");
   }
+  if (o.hf_config && m.format != ckpt::MergeFormat::kSafetensors) throw CLI::ValidationError("--hf-config", "applies to safetensors output only");
   m.overwrite = o.flags.force ? ckpt::Overwrite::kYes : ckpt::Overwrite::kNo;
   m.threads = o.flags.threads;
   m.verify = o.flags.verify ? ckpt::Verify::kChecksums : ckpt::Verify::kNo;

@@ -24,6 +24,7 @@ struct MergeCliOptions {
   bool strict_cast = false;
   bool model_only = false;
   std::string max_shard_size;
+  bool hf_config = false;
   WriteFlags flags;
 };
 
