@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The baseline for bench/train: the same GPT (tests/train/gpt.py), batches, AdamW, schedule and
-clipping as fsdp-train, in python3-torch's own loop: one process, or DDP on Gloo at world size N
+"""The baseline for bench/train: the same model (the GPT of tests/train/gpt.py, or with --model
+llama the LlamaForCausalLM of tests/train/llama.py), batches, AdamW, schedule and clipping as
+fsdp-train, in python3-torch's own loop: one process, or DDP on Gloo at world size N
 (each rank taking its contiguous part of the global batch, as fsdp-train does). Prints one JSON
 line: median step time over the steps after the first `skip`, and each rank's peak RSS."""
 import argparse
@@ -23,6 +24,8 @@ p.add_argument("--n-layer", type=int, default=2)
 p.add_argument("--n-embd", type=int, default=64)
 p.add_argument("--n-head", type=int, default=4)
 p.add_argument("--block-size", type=int, default=64)
+p.add_argument("--model", choices=["gpt", "llama"], default="gpt")
+p.add_argument("--n-kv-head", type=int, default=0, help="llama: 0 is --n-head")
 p.add_argument("--port", type=int, default=29533)
 a = p.parse_args()
 # Each rank's BLAS threads are its share of the cores, as fsdp-train sets them (fsdp::set_num_threads)
@@ -42,7 +45,16 @@ def rank_main(rank, world, out):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(1337)
-    model = gpt.gpt(a.n_layer, a.n_head, a.n_embd, a.block_size, 256)
+    if a.model == "llama":
+        import llama
+        hidden = (2 * 4 * a.n_embd // 3 + 255) // 256 * 256  # Llama's rule, as fsdp-train's default
+        model = llama.LlamaForCausalLM({"hidden_size": a.n_embd, "intermediate_size": hidden, "num_hidden_layers": a.n_layer,
+                                        "num_attention_heads": a.n_head, "num_key_value_heads": a.n_kv_head or a.n_head,
+                                        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 256})
+        loss_of = llama.loss
+    else:
+        model = gpt.gpt(a.n_layer, a.n_head, a.n_embd, a.block_size, 256)
+        loss_of = gpt.loss
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
@@ -54,7 +66,7 @@ def rank_main(rank, world, out):
         for g in opt.param_groups:
             g["lr"] = gpt.learning_rate(step, 1e-3, a.steps, 10)
         opt.zero_grad(set_to_none=True)
-        loss = gpt.loss(model, x, y)
+        loss = loss_of(model, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

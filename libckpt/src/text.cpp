@@ -2,6 +2,7 @@
 #include "ckpt/text.hpp"
 
 #include <cstdio>
+#include <iterator>
 
 namespace ckpt {
 
@@ -41,6 +42,20 @@ std::string escape_name(std::string_view name) {
     }
   }
   return out;
+}
+
+std::string human_bytes(std::uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  static const char* const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  std::size_t u = 0;
+  while (v >= 1024 && u + 1 < std::size(units)) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
 }
 
 }  // namespace ckpt

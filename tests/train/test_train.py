@@ -45,9 +45,10 @@ BASE = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32
 SEED = 1337
 
 
-def train(*extra, nproc=None, env=None, expect=0):
+def train(*extra, nproc=None, env=None, expect=0, quiet=True):
     data = [] if "--data" in extra else ["--data", a.text]
-    cmd = [a.train, *BASE, *data, *extra] + (["--nproc", str(nproc)] if nproc else [])
+    base = BASE if quiet else [x for x in BASE if x != "-q"]
+    cmd = [a.train, *base, *data, *extra] + (["--nproc", str(nproc)] if nproc else [])
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == expect, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     return r
@@ -413,7 +414,7 @@ def sharding_is_real():
     # (a generous bound: units are padded to a multiple of W), all of it under NO_SHARD.
     import re
     for strategy, nproc, want in (("FULL_SHARD", 2, 0.5), ("SHARD_GRAD_OP", 4, 0.25), ("NO_SHARD", 2, 1.0)):
-        out = train("--steps", "2", "--batch-size", "2", "--sharding-strategy", strategy, nproc=nproc).stdout
+        out = train("--steps", "2", "--batch-size", "2", "--sharding-strategy", strategy, nproc=nproc, quiet=False).stdout
         m = re.search(r"holds parameters (\d+) B, gradients (\d+) B, optimizer state (\d+) B; unsharded (\d+) / (\d+) / (\d+) B", out)
         assert m, out
         held, full = [int(x) for x in m.groups()[:3]], [int(x) for x in m.groups()[3:]]
@@ -702,7 +703,8 @@ def latest_skips_incomplete():
     resume = [a.train, *BASE[:-1], "--data", a.text, "--steps", "4", "--batch-size", "4", "--ckpt-dir", d, "--resume", "latest"]
     r = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "step-00000099 is incomplete" in r.stdout and "resumed from" in r.stdout and "step-00000003" in r.stdout, r.stdout
+    assert "fsdp-train: warning: " in r.stderr and "step-00000099 is incomplete" in r.stderr, r.stderr
+    assert "resumed from" in r.stdout and "step-00000003" in r.stdout, r.stdout
     # A damaged newest checkpoint (a data file cut short) is skipped for the one before, with a
     # warning naming the problem, and left where it is.
     shutil.rmtree(os.path.join(d, "step-00000004"))
@@ -710,7 +712,7 @@ def latest_skips_incomplete():
     os.truncate(victim, os.path.getsize(victim) // 2)
     r = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "step-00000003 is damaged (" in r.stdout and "passes the end of the file" in r.stdout, r.stdout
+    assert "step-00000003 is damaged (" in r.stderr and "passes the end of the file" in r.stderr, r.stderr
     assert "resumed from " + os.path.join(d, "step-00000002") + " at step 2" in r.stdout, r.stdout
     assert os.path.getsize(victim) > 0
     # When every checkpoint is damaged, it refuses to start over.
@@ -744,6 +746,11 @@ def bad_data():
     train("--steps", "2", "--save-every", "1", "--ckpt-dir", d)
     r = train("--steps", "3", "--ckpt-dir", d, "--resume", os.path.join(d, "step-00000005"), expect=1)
     assert "step-00000005: no such checkpoint; complete ones in " + d + ": step-00000001, step-00000002" in r.stderr, r.stderr
+    # -q prints errors only: nothing for a run that saves, resumes and ends well.
+    q = os.path.join(work, "quiet")
+    r = train("--steps", "2", "--ckpt-dir", q, "--stop-at-step", "1")
+    r2 = train("--steps", "2", "--ckpt-dir", q, "--resume", "latest")
+    assert (r.stdout, r.stderr, r2.stdout, r2.stderr) == ("", "", "", ""), (r.stdout, r.stderr, r2.stdout, r2.stderr)
     # The step line names each rank's peak RSS.
     r = subprocess.run([a.train, *BASE[:-1], "--data", a.text, "--steps", "1", "--nproc", "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and re.search(r"peak rss \d+/\d+ MiB \(rank 0/1\)", r.stdout), r.stdout + r.stderr
@@ -904,8 +911,8 @@ def no_run_over_another():
     assert open(os.path.join(mine, "notes.txt")).read() == "mine"
     # a resume that changes the schedule or the global batch says so, in one line each
     shutil.rmtree(mine)
-    r = train("--steps", "6", "--batch-size", "2", "--ckpt-dir", d, "--resume", "latest")
-    warnings = [l for l in r.stdout.splitlines() + r.stderr.splitlines() if l.startswith(("warning:", "fsdp-train: warning:"))]
+    r = train("--steps", "6", "--batch-size", "2", "--ckpt-dir", d, "--resume", "latest", quiet=False)
+    warnings = [l for l in r.stderr.splitlines() if l.startswith("fsdp-train: warning:")]
     assert any("--steps is 6" in w for w in warnings) and any("global batch is 2" in w for w in warnings), (r.stdout, r.stderr)
     # Saving a step again over a whole checkpoint (a run resumed from an earlier one) replaces it only
     # once the new one is whole: killed in the middle of that save, the old one is intact.

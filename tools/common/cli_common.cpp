@@ -201,7 +201,7 @@ void add_write_flags(CLI::App& app, WriteFlags& f, const std::string& plan) {
   app.add_flag("-f,--force", f.force, "replace OUTPUT when it exists (a file, an empty directory or an output of the same kind only)");
   app.add_flag("--verify", f.verify, "check every CRC-32 the input records as the copy reads it; a mismatch fails, writing nothing");
   no_default(app.add_option("-j,--threads", f.threads, "threads to copy with (default: the machine's cores)"))->check(CLI::Range(1u, 1024u));
-  app.add_flag("-q,--quiet", f.quiet, "draw no progress bar");
+  app.add_flag("-q,--quiet", f.quiet, "print errors only: no progress bar, notes or list of what was written (--dry-run's plan and --json still print)");
   app.add_flag("--json", f.json, "print the result (or the plan) as one JSON object");
 }
 

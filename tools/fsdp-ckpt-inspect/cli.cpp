@@ -24,20 +24,23 @@ InspectApp make_inspect_app(InspectCliOptions& o) {
   app.add_flag("--json", o.json, "print one JSON object (schema 1) instead of the table");
   app.add_option("--tensor", o.tensor_glob, "show only entries matching this glob, with their whole chunk grid");
   app.add_flag("--meta", o.meta, "also print meta.pt, common.pt, .metadata and non-tensor items as trees");
+  app.add_flag("--summary", o.summary, "print the summary alone, without the table of entries");
+  app.add_flag("--files", o.all_files, "list every data file (past " + std::to_string(ckpt::kFoldFiles) + " the summary counts them)");
+  app.add_flag("--bytes", o.exact_bytes, "sizes in bytes (default: KiB, MiB, GiB)");
   app.require_subcommand(0, 1);
 
   a.verify = app.add_subcommand("verify", "check that a checkpoint is complete and readable; exit 1 on any problem");
   a.verify->add_option("path", o.verify_path, "checkpoint to verify")->required()->check(CLI::ExistingPath);
   a.verify->add_flag("--deep", o.deep, "also read every byte, checking CRC-32s where the format records them");
   a.verify->add_flag("--json", o.json, "print one JSON object instead of text");
-  a.verify->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+  a.verify->add_flag("-q,--quiet", o.quiet, "print errors only besides the report: no progress bar or notes");
 
   a.stats = app.add_subcommand("stats", "per-tensor min, max, mean, std, max-abs, NaN and Inf counts");
   a.stats->add_option("path", o.stats_path, "checkpoint to read")->required()->check(CLI::ExistingPath);
   a.stats->add_option("--tensor", o.tensor_glob, "only tensors matching this glob");
   no_default(a.stats->add_option("-j,--threads", o.threads, "threads to use (default: the machine's cores)"))->check(CLI::Range(1u, 1024u));
   a.stats->add_flag("--json", o.json, "print one JSON object instead of the table");
-  a.stats->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+  a.stats->add_flag("-q,--quiet", o.quiet, "print errors only besides the report: no progress bar or notes");
 
   a.diff = app.add_subcommand("diff", "compare two checkpoints of any formats; exit 1 when they differ");
   a.diff->add_option("a", o.diff_a, "first checkpoint")->required()->check(CLI::ExistingPath);
@@ -50,7 +53,7 @@ InspectApp make_inspect_app(InspectCliOptions& o) {
   a.diff->add_option("--key", o.key, "compare A's tensors under this top-level key by their names below it (as merge writes safetensors)");
   a.diff->add_option("--map-prefix", o.map_prefix, "FROM=TO: compare an A name that starts with FROM as TO and the rest (repeatable)");
   a.diff->add_flag("--json", o.json, "print one JSON object instead of text");
-  a.diff->add_flag("-q,--quiet", o.quiet, "draw no progress bar");
+  a.diff->add_flag("-q,--quiet", o.quiet, "print errors only besides the report: no progress bar or notes");
 
   app.callback([&app, &o] {
     if (app.get_subcommands().empty() && o.path.empty()) throw CLI::RequiredError("path");
@@ -60,7 +63,10 @@ InspectApp make_inspect_app(InspectCliOptions& o) {
 
 static ckpt::OutputFormat format_of(const InspectCliOptions& o) { return o.json ? ckpt::OutputFormat::kJson : ckpt::OutputFormat::kText; }
 
-ckpt::InspectOptions to_inspect(const InspectCliOptions& o) { return {o.path, format_of(o), o.tensor_glob, o.meta}; }
+ckpt::InspectOptions to_inspect(const InspectCliOptions& o) {
+  if (o.summary && !o.tensor_glob.empty()) throw CLI::ValidationError("--summary", "shows no entries; --tensor selects entries to show");
+  return {o.path, format_of(o), o.tensor_glob, o.meta, o.summary, o.all_files, o.exact_bytes};
+}
 ckpt::VerifyOptions to_verify(const InspectCliOptions& o) {
   return {o.verify_path, o.deep ? ckpt::VerifyDepth::kDeep : ckpt::VerifyDepth::kStructure, format_of(o)};
 }

@@ -15,6 +15,7 @@ struct InspectCliOptions {
   bool json = false;
   std::string tensor_glob;
   bool meta = false;
+  bool summary = false, all_files = false, exact_bytes = false;
   bool quiet = false;
   // verify
   std::string verify_path;

@@ -12,10 +12,12 @@ int main(int argc, char** argv) {
   auto app = fsdp_tools::make_inspect_app(options);
   if (auto code = fsdp_tools::parse(*app.app, argc, argv)) return *code;
   ckpt::DiffOptions diff;
-  if (app.command() == fsdp_tools::InspectCommand::kDiff) {
-    if (auto code = fsdp_tools::usage_errors("fsdp-ckpt-inspect", [&] { diff = fsdp_tools::to_diff(options, fsdp_tools::filters_in_order(argc, argv)); })) {
-      return *code;
-    }
+  ckpt::InspectOptions inspect;
+  if (auto code = fsdp_tools::usage_errors("fsdp-ckpt-inspect", [&] {
+        if (app.command() == fsdp_tools::InspectCommand::kDiff) diff = fsdp_tools::to_diff(options, fsdp_tools::filters_in_order(argc, argv));
+        if (app.command() == fsdp_tools::InspectCommand::kInspect) inspect = fsdp_tools::to_inspect(options);
+      })) {
+    return *code;
   }
   fsdp_tools::map_large_blocks();
   return fsdp_tools::run_tool("fsdp-ckpt-inspect", [&] {
@@ -26,7 +28,7 @@ int main(int argc, char** argv) {
       case fsdp_tools::InspectCommand::kDiff: return ckpt::diff(diff, std::cout, progress) ? 0 : 1;
       case fsdp_tools::InspectCommand::kInspect: break;
     }
-    ckpt::inspect(fsdp_tools::to_inspect(options), std::cout);
+    ckpt::inspect(inspect, std::cout);
     return 0;
   });
 }

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
       sink->commit();
     }
     if (flags.json) std::cout << ckpt::to_json(result);
-    else ckpt::print_text(result, std::cout);
+    else if (!flags.quiet || flags.dry_run) ckpt::print_text(result, std::cout);  // -q: errors only
     if (config && !flags.json && !flags.quiet) std::cout << (flags.dry_run ? "would write " : "wrote ") << config_path.string() << "\n";
     return 0;
   });

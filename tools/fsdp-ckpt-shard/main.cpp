@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     shard.progress = &progress;
     const ckpt::ShardResult result = ckpt::shard(ckpt::open_checkpoint(options.input), options.output, shard, flags.dry_run);
     if (flags.json) std::cout << ckpt::to_json(result);
-    else ckpt::print_text(result, std::cout);
+    else if (!flags.quiet || flags.dry_run) ckpt::print_text(result, std::cout);  // -q: errors only
     return 0;
   });
 }

@@ -135,7 +135,7 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   auto* o = "Output";
   app->add_option("--log-every", c.log_every, "print a line every K steps")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))->group(o);
   app->add_option("--log-jsonl", c.log_jsonl, "write one JSON object per step and per evaluation to FILE")->group(o);
-  app->add_flag("-q,--quiet", c.quiet, "print only errors and the final summary")->group(o);
+  app->add_flag("-q,--quiet", c.quiet, "print errors only: no step lines, progress bar, warnings or summary")->group(o);
   auto* k = "Checkpoints";
   app->add_option("--ckpt-dir", c.ckpt_dir, "write checkpoints as DIR/step-NNNNNNNN/ (also at the last step and on SIGINT/SIGTERM)")->group(k);
   app->add_option("--save-every", c.save_every, "save every K steps (0: only at the end)")->check(CLI::NonNegativeNumber)->group(k);

@@ -316,7 +316,7 @@ class Trainer {
         std::snprintf(buf, sizeof buf, ", validation loss %.4f", last_val);
         s += buf;
       }
-      if (rank_ == 0) {
+      if (rank_ == 0 && !c_.quiet) {
         clear_bar();
         std::cout << s << std::endl;
         // Sharding is real: what this rank holds against what one unsharded copy would.
@@ -406,7 +406,7 @@ class Trainer {
 
   // Rank 0's warnings, on stderr even with -q.
   void warn(const std::string& s) const {
-    if (rank_ != 0) return;
+    if (rank_ != 0 || c_.quiet) return;
     clear_bar();
     std::cerr << "fsdp-train: warning: " << s << std::endl;
   }
@@ -650,7 +650,7 @@ class Trainer {
       const StepDirs dirs = list_step_dirs(c_.ckpt_dir);
       for (const auto& [s, p] : dirs.incomplete) {
         if (dirs.complete.empty() || s > dirs.complete.back().first) {
-          say("warning: " + p.string() + " is incomplete (no .metadata: a save that did not finish); skipping it");
+          warn(p.string() + " is incomplete (no .metadata: a save that did not finish); skipping it");
         }
       }
       if (dirs.complete.empty()) {
@@ -666,7 +666,7 @@ class Trainer {
           path = it->second;
           continue;
         }
-        say("warning: " + it->second.string() + " is damaged (" + ckpt::to_string(report.problems.front()) +
+        warn(it->second.string() + " is damaged (" + ckpt::to_string(report.problems.front()) +
             (report.problems.size() > 1 ? "; and " + std::to_string(report.problems.size() - 1) + " more" : std::string()) +
             "); skipping it");
       }

@@ -2,6 +2,7 @@
 // inspect: the Checkpoint index printed as a summary and a table, or as JSON schema 1.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -95,9 +96,33 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
   if (opt.tensor_glob.empty()) {
     out << "format:    " << to_string(c.format) << " (looks like " << c.writer << ")\n";
     out << "world:     " << (c.world_size ? std::to_string(*c.world_size) : std::string("-")) << "\n";
+    auto size_text = [&](std::uint64_t bytes) { return opt.exact_bytes ? std::to_string(bytes) + " bytes" : human_bytes(bytes); };
+    // Data files (DCP's, safetensors shards) past kFoldFiles are counted in one line; the others
+    // (.metadata, meta.pt, an index) are always listed.
+    auto is_data = [](const CheckpointFile& f) {
+      return f.relative.ends_with(".distcp") || f.relative.ends_with(".safetensors");
+    };
+    const auto data_files = static_cast<std::size_t>(std::count_if(c.files.begin(), c.files.end(), is_data));
+    const bool fold = !opt.all_files && data_files > kFoldFiles;
+    std::uint64_t folded_bytes = 0;
+    std::size_t missing = 0;
+    // A DCP directory's .metadata, which the index reads but does not list among its files.
+    std::error_code ec;
+    const bool listed = std::any_of(c.files.begin(), c.files.end(), [](const CheckpointFile& f) { return f.relative == ".metadata"; });
+    if (const auto size = std::filesystem::file_size(c.root / ".metadata", ec); !ec && !listed && std::filesystem::is_directory(c.root, ec)) {
+      out << "file:      .metadata (" << size_text(size) << ")\n";
+    }
     for (const auto& f : c.files) {
-      out << "file:      " << escape_name(f.relative) << " ("
-          << (f.size ? std::to_string(*f.size) + " bytes" : std::string("MISSING")) << ")\n";
+      if (fold && is_data(f)) {
+        folded_bytes += f.size.value_or(0);
+        if (!f.size) ++missing;
+        continue;
+      }
+      out << "file:      " << escape_name(f.relative) << " (" << (f.size ? size_text(*f.size) : std::string("MISSING")) << ")\n";
+    }
+    if (fold) {
+      out << "files:     " << data_files << " data files, " << size_text(folded_bytes)
+          << (missing ? ", " + std::to_string(missing) + " MISSING" : std::string()) << " (--files lists them)\n";
     }
     std::map<std::string, std::pair<std::size_t, std::uint64_t>> by_dtype;
     std::map<std::string, std::size_t> by_group;
@@ -110,7 +135,7 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
     for (const auto& o : c.objects) ++by_group[group_of(o.name, false)];
     out << "entries:   " << c.tensors.size() + c.objects.size() << " (" << c.tensors.size() << " tensors, "
         << c.objects.size() << " other)\n";
-    for (const auto& [d, n] : by_dtype) out << "bytes:     " << d << " " << n.second << " in " << n.first << " tensors\n";
+    for (const auto& [d, n] : by_dtype) out << "bytes:     " << d << " " << size_text(n.second) << " in " << n.first << " tensors\n";
     out << "split:    ";
     for (const char* g : {"model", "optimizer", "other"}) out << " " << g << " " << by_group[g];
     out << "\nmetadata:  ";
@@ -118,6 +143,7 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
     for (std::size_t i = 0; i < c.metadata.size(); ++i) out << (i ? ", " : "") << escape_name(c.metadata[i].first);
     out << "\n";
     for (const auto& n : c.notes) out << "note:      " << escape_name(n) << "\n";
+    if (opt.summary) return;
     out << "\n";
   }
   std::string scratch;
@@ -138,7 +164,7 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
       detail::append_padded(row, name(t.dtype), 10);
       detail::append_padded(row, shape_text(t.shape), 16);
       detail::append_padded(row, std::to_string(t.numel()), 12);
-      detail::append_padded(row, std::to_string(t.nbytes()), 12);
+      detail::append_padded(row, opt.exact_bytes ? std::to_string(t.nbytes()) : human_bytes(t.nbytes()), 12);
       row += std::to_string(t.chunks.size());
       row += '\n';
       out << row;

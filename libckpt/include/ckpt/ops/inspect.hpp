@@ -26,7 +26,14 @@ struct InspectOptions {
   OutputFormat format = OutputFormat::kText;
   std::string tensor_glob;  ///< non-empty: only matching entries, each with its whole chunk grid
   bool meta = false;        ///< also print meta.pt, common.pt, .metadata and non-tensor items as trees
+  bool summary = false;     ///< text: the summary alone, no table of entries (gguf_dump --no-tensors, h5dump -H)
+  bool all_files = false;   ///< text: every file, where more than kFoldFiles data files are otherwise counted
+  bool exact_bytes = false; ///< text: sizes in bytes, not in human units (KiB, MiB, ...)
 };
+
+/// Past this many data files (DCP's __r_n.distcp, safetensors shards), the text summary counts
+/// them in one line instead of listing each (InspectOptions::all_files lists them).
+inline constexpr std::size_t kFoldFiles = 8;
 
 struct Checkpoint;
 /// Which entries a --tensor GLOB selects from.
