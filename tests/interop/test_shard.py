@@ -364,7 +364,7 @@ def test_safetensors():
         if any(d not in ST_DTYPES for d, _, _ in tensors.values()):
             continue  # uint16 and uint32 (H, I): torch 1.13 has no such dtype to read them back with
         for w in (1, 2, 3, 4, 7):
-            out = shard(os.path.join(folder, f), os.path.join(work, f"st_{w}_{f}"), "-n", str(w))
+            out = shard(os.path.join(folder, f), os.path.join(work, f"st_{w}_{os.path.splitext(f)[0]}"), "-n", str(w))
             got = got_of(out)
             assert sorted(got) == sorted(tensors), (sorted(got), sorted(tensors))
             for k, (dtype, shape, data) in tensors.items():

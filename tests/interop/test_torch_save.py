@@ -4,7 +4,9 @@
 torch.save's files, and a re-save that must reproduce torch's bytes exactly."""
 import collections
 import io
+import json
 import os
+import re
 import subprocess
 import shutil
 import sys
@@ -22,6 +24,41 @@ def walk(obj, path):
     for k in path:
         obj = obj[k]
     return obj
+
+
+def test_float_repr():
+    import random
+    import struct
+    rng = random.Random(7)
+    values = [0.003, 1e-05, 0.0001, 0.1, 100.0, 1e15, 1e16, 123456789012345678.0, -0.0, 2.5e-300, 5e-324,
+              1.7976931348623157e308, 3.0000000000000004, 1 / 3, float("inf"), float("-inf"), float("nan")]
+    values += [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(300)]
+    values += [rng.uniform(-1e6, 1e6) for _ in range(100)] + [rng.random() * 10 ** rng.randint(-8, 20) for _ in range(100)]
+    path = os.path.join(work, "floats.pt")
+    torch.save({f"v{i}": v for i, v in enumerate(values)}, path)
+    r = subprocess.run([a.inspect, path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split()[2] for line in r.stdout.splitlines() if re.match(r"v\d+ ", line)}
+    bad = [(i, rows.get(f"v{i}"), repr(v)) for i, v in enumerate(values) if rows.get(f"v{i}") != repr(v)]
+    assert not bad, bad[:10]
+
+
+def test_stats_integers_exact():
+    big = {"i64": torch.tensor([2**62 + 1, -2**63, 5, 2**53 + 1], dtype=torch.int64),
+           "i32": torch.tensor([-2**31, 2**31 - 1], dtype=torch.int32),
+           "u8": torch.tensor([0, 255, 7], dtype=torch.uint8), "b": torch.tensor([True, False])}
+    path = os.path.join(work, "ints.pt")
+    torch.save(big, path)
+    r = subprocess.run([a.inspect, "stats", "--json", path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = {t["name"]: t for t in json.loads(r.stdout)["tensors"]}
+    for name, t in big.items():
+        wide = t.to(torch.int64) if t.dtype == torch.bool else t
+        want_abs = max(abs(int(x)) for x in wide.tolist())
+        assert (got[name]["min"], got[name]["max"], got[name]["max_abs"]) == (int(wide.min()), int(wide.max()), want_abs), (name, got[name])
+    text = subprocess.run([a.inspect, "stats", path], capture_output=True, text=True).stdout
+    row = next(line.split() for line in text.splitlines() if line.startswith("i64 "))
+    assert row[3:5] == [str(-2**63), str(2**62 + 1)] and row[7] == str(2**63), row
 
 
 def test_our_sample_loads_weights_only():
@@ -346,6 +383,8 @@ def test_shared_containers():
     assert int(r.stderr.strip().splitlines()[-1]) < 768 * 1024, r.stderr  # peak RSS in KiB
 
 
+check("floats print as Python's repr prints them (the shortest digits that read back)", test_float_repr)
+check("stats gives integer tensors' min, max and max-abs exactly, as torch computes them", test_stats_integers_exact)
 check("our writer's sample loads with torch.load(weights_only=True)", test_our_sample_loads_weights_only)
 check("shared containers (torch.optim's betas) are listed under each path; 2^40 paths are refused", test_shared_containers)
 check("our reader agrees with torch.load on torch.save files", test_reader_on_torch_files)

@@ -15,7 +15,7 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
             "Merge a sharded checkpoint (DCP or Lightning directory) into one full file: torch.save, safetensors "
             "(one file, or Hugging Face shards with an index), streaming, in bounded memory.");
   app->add_option("input", o.input, "sharded checkpoint directory (any format fsdp-ckpt-inspect reads)")->required()->check(CLI::ExistingPath);
-  app->add_option("-o,--output", o.output, "output file (a directory with --max-shard-size)")->required();
+  no_default(app->add_option("-o,--output", o.output, "output file (a directory with --max-shard-size; default: INPUT.consolidated, a torch.save file)"));
   app->add_option("--format", o.format, "torch, safetensors or hdf5 (default: from OUTPUT's extension, else torch)")
       ->check(CLI::IsMember({"torch", "safetensors", "hdf5"}));
   app->add_option("--layout", o.layout, "torch output: nested by planner_data, as dcp_to_torch_save writes it, or flat {fqn: value}")
@@ -44,6 +44,14 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
     else format = "torch";
   }
   m.format = format == "safetensors" ? ckpt::MergeFormat::kSafetensors : format == "hdf5" ? ckpt::MergeFormat::kHdf5 : ckpt::MergeFormat::kTorch;
+  if (!o.format.empty() && !o.output.empty()) {  // an extension that names another format
+    const std::string ext = std::filesystem::path(o.output).extension().string();
+    const char* named = ext == ".safetensors" ? "safetensors" : (ext == ".h5" || ext == ".hdf5") ? "hdf5" :
+                        (ext == ".pt" || ext == ".pth" || ext == ".bin" || ext == ".ckpt") ? "torch" : nullptr;
+    if (named && named != o.format) {
+      throw CLI::ValidationError("--format", o.format + " contradicts OUTPUT '" + o.output + "', whose extension is " + named + "'s: rename one");
+    }
+  }
   m.layout = o.layout == "flat" ? ckpt::MergeLayout::kFlat : ckpt::MergeLayout::kNested;
   if (!o.key.empty()) {
     if (m.format != ckpt::MergeFormat::kSafetensors) throw CLI::ValidationError("--key", "applies to safetensors output only");
@@ -70,6 +78,32 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
   m.verify = o.flags.verify ? ckpt::Verify::kChecksums : ckpt::Verify::kNo;
   m.report_entries = o.flags.json || o.flags.dry_run;  // the text output of a real merge lists files only
   return m;
+}
+
+std::string merge_output(const MergeCliOptions& o, const ckpt::MergeOptions& m) {
+  if (o.output.empty()) {
+    std::string in = o.input;
+    while (in.size() > 1 && in.back() == '/') in.pop_back();
+    if (m.format != ckpt::MergeFormat::kTorch || m.max_shard_size) {
+      throw CLI::ValidationError("--output", "is needed with --format and --max-shard-size (the default, INPUT.consolidated, is a torch.save file)");
+    }
+    return in + ".consolidated";
+  }
+  const std::filesystem::path out(o.output);
+  const std::string ext = out.extension().string();
+  if (m.max_shard_size) {
+    for (const char* file_ext : {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".h5", ".hdf5", ".json"}) {
+      if (ext == file_ext) {
+        throw CLI::ValidationError("--output", "'" + o.output + "' names a " + ext + " file, but --max-shard-size writes a directory of safetensors shards: name the directory (" +
+                                               out.stem().string() + ")");
+      }
+    }
+  } else if (o.output.back() == '/') {
+    const char* name = m.format == ckpt::MergeFormat::kSafetensors ? "model.safetensors" : m.format == ckpt::MergeFormat::kHdf5 ? "model.h5" : "model.pt";
+    throw CLI::ValidationError("--output", "'" + o.output + "' names a directory, and this merge writes one file: give its name (" + o.output + name +
+                                           "), or --max-shard-size for a directory of safetensors shards");
+  }
+  return o.output;
 }
 
 }  // namespace fsdp_tools

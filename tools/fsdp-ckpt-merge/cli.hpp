@@ -33,4 +33,10 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& options);
 /// Throws CLI::ValidationError for values the parser could not check alone.
 ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFilter> filters);
 
+/// The output `m` writes to: OUTPUT, or without one `<input>.consolidated` (a torch.save file,
+/// Lightning's consolidate_checkpoint default). Throws CLI::ValidationError for a name that says
+/// otherwise than what is written: a directory (a trailing '/') for a file, a file's extension
+/// for a --max-shard-size directory, an extension of another format than --format's.
+std::string merge_output(const MergeCliOptions& o, const ckpt::MergeOptions& m);
+
 }  // namespace fsdp_tools

@@ -18,7 +18,10 @@ int main(int argc, char** argv) {
   auto app = fsdp_tools::make_merge_app(options);
   if (auto code = fsdp_tools::parse(*app, argc, argv)) return *code;
   ckpt::MergeOptions merge;
-  if (auto code = fsdp_tools::usage_errors("fsdp-ckpt-merge", [&] { merge = fsdp_tools::to_merge(options, fsdp_tools::filters_in_order(argc, argv)); })) {
+  if (auto code = fsdp_tools::usage_errors("fsdp-ckpt-merge", [&] {
+        merge = fsdp_tools::to_merge(options, fsdp_tools::filters_in_order(argc, argv));
+        options.output = fsdp_tools::merge_output(options, merge);
+      })) {
     return *code;
   }
   merge.task_delay_ms = fsdp_tools::test_hooks_from_environment();

@@ -2,6 +2,7 @@
 #include "fsdp-ckpt-shard/cli.hpp"
 
 #include <charconv>
+#include <filesystem>
 
 #include "common/cli_common.hpp"
 
@@ -38,6 +39,16 @@ std::unique_ptr<CLI::App> make_shard_app(ShardCliOptions& o) {
 
 namespace {
 
+/// shard writes a DCP directory: an OUTPUT that names a file of a checkpoint format is refused.
+void check_output_name(const std::string& output) {
+  const std::string ext = std::filesystem::path(output).extension().string();
+  for (const char* file_ext : {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".h5", ".hdf5"}) {
+    if (ext == file_ext) {
+      throw CLI::ValidationError("--output", "'" + output + "' names a " + ext + " file, but fsdp-ckpt-shard writes a DCP directory: name the directory");
+    }
+  }
+}
+
 int env_int(const std::map<std::string, std::string>& env, const std::string& name) {
   const std::string& v = env.at(name);
   int out = 0;
@@ -49,6 +60,7 @@ int env_int(const std::map<std::string, std::string>& env, const std::string& na
 }  // namespace
 
 ckpt::ShardOptions to_shard(const ShardCliOptions& o, std::vector<ckpt::EntryFilter> filters, const std::map<std::string, std::string>& env) {
+  check_output_name(o.output);
   ckpt::ShardOptions s;
   s.world_size = o.world_size;
   s.layout = o.layout == "dtensor" ? ckpt::ShardLayout::kDtensor : ckpt::ShardLayout::kFsdp;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -65,6 +66,31 @@ inline double to_double(DType d, const std::byte* p) {
     case DType::kFloat8E5M2: return half_to_double(static_cast<std::uint16_t>(load(std::uint8_t{}) << 8));
     case DType::kFloat8E4M3FN: return e4m3fn_to_double(load(std::uint8_t{}));
     default: internal_error("to_double on a non-numeric dtype");
+  }
+}
+
+inline bool is_integral(DType d) {
+  switch (d) {
+    case DType::kBool: case DType::kUInt8: case DType::kInt8: case DType::kInt16: case DType::kInt32:
+    case DType::kInt64: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+static_assert(std::numeric_limits<long double>::digits >= 64, "integer_value needs a long double that holds every int64 and uint64");
+
+/// An integer dtype's element, exactly (to_double rounds int64 and uint64 past 2^53).
+inline long double integer_value(DType d, const std::byte* p) {
+  auto load = [p](auto v) {
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  switch (d) {
+    case DType::kInt64: return static_cast<long double>(load(std::int64_t{}));
+    case DType::kUInt64: return static_cast<long double>(load(std::uint64_t{}));
+    default: return to_double(d, p);  // the rest are exact in a double
   }
 }
 

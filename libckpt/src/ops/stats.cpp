@@ -23,13 +23,14 @@ namespace {
 struct TensorStats {
   const TensorEntry* tensor = nullptr;
   bool numeric = false;
+  bool integral = false;  ///< an integer dtype: min, max and max_abs exact (detail::integer_value)
   std::uint64_t count = 0, nan = 0, inf = 0;
-  double min = std::numeric_limits<double>::infinity(), max = -std::numeric_limits<double>::infinity();
+  long double min = std::numeric_limits<long double>::infinity(), max = -std::numeric_limits<long double>::infinity();
   long double sum = 0, sumsq = 0;
-  double max_abs = 0;
+  long double max_abs = 0;
   std::uint64_t finite = 0;
 
-  void add(double x) {
+  void add(long double x) {
     ++count;
     if (std::isnan(x)) {
       ++nan;
@@ -40,7 +41,7 @@ struct TensorStats {
     } else {
       ++finite;
       sum += x;
-      sumsq += static_cast<long double>(x) * x;
+      sumsq += x * x;
     }
     min = std::min(min, x);
     max = std::max(max, x);
@@ -56,14 +57,25 @@ struct TensorStats {
   }
 };
 
-std::string num(double x) {
+/// `x` for the table: an integer exactly, a float to 6 significant digits.
+std::string num(long double x, bool integral = false) {
   if (std::isnan(x)) return "nan";
   if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
+  char buf[48];
+  if (integral) {
+    std::snprintf(buf, sizeof buf, "%.0Lf", x);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.6g", static_cast<double>(x));
+  }
   return buf;
 }
-nlohmann::ordered_json jnum(double x) { return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(nullptr); }
+/// `x` for JSON: an integer as a JSON integer (exactly, int64 or uint64), a float as a number,
+/// nan and inf as null.
+nlohmann::ordered_json jnum(long double x, bool integral = false) {
+  if (!std::isfinite(x)) return nullptr;
+  if (integral) return x < 0 ? nlohmann::ordered_json(static_cast<std::int64_t>(x)) : nlohmann::ordered_json(static_cast<std::uint64_t>(x));
+  return static_cast<double>(x);
+}
 
 }  // namespace
 
@@ -78,6 +90,7 @@ void stats(const StatsOptions& options, std::ostream& out, Progress& progress) {
     TensorStats s;
     s.tensor = &t;
     s.numeric = detail::is_numeric(t.dtype);
+    s.integral = detail::is_integral(t.dtype);
     results.push_back(s);
     total += t.nbytes();
   }
@@ -93,7 +106,9 @@ void stats(const StatsOptions& options, std::ostream& out, Progress& progress) {
       try {
         for (const Chunk& ch : s.tensor->chunks) {
           const ChunkData d = reader.read(*s.tensor, ch);
-          detail::for_each_element(d, [&](std::uint64_t, const std::byte* p) { s.add(detail::to_double(d.dtype, p)); });
+          detail::for_each_element(d, [&](std::uint64_t, const std::byte* p) {
+            s.add(s.integral ? detail::integer_value(d.dtype, p) : detail::to_double(d.dtype, p));
+          });
           std::lock_guard lock(progress_mutex);
           std::uint64_t bytes = element_size(d.dtype);
           for (auto x : ch.sizes) bytes *= static_cast<std::uint64_t>(x);
@@ -121,11 +136,11 @@ void stats(const StatsOptions& options, std::ostream& out, Progress& progress) {
     for (const auto& s : results) {
       nlohmann::ordered_json x{{"name", s.tensor->name}, {"dtype", std::string(name(s.tensor->dtype))}, {"numel", s.tensor->numel()}};
       if (s.numeric) {
-        x["min"] = s.count ? jnum(s.min) : nullptr;
-        x["max"] = s.count ? jnum(s.max) : nullptr;
+        x["min"] = s.count ? jnum(s.min, s.integral) : nullptr;
+        x["max"] = s.count ? jnum(s.max, s.integral) : nullptr;
         x["mean"] = jnum(s.mean());
         x["std"] = jnum(s.stddev());
-        x["max_abs"] = s.count ? jnum(s.max_abs) : nullptr;
+        x["max_abs"] = s.count ? jnum(s.max_abs, s.integral) : nullptr;
         x["nan"] = s.nan;
         x["inf"] = s.inf;
       } else {
@@ -148,8 +163,8 @@ void stats(const StatsOptions& options, std::ostream& out, Progress& progress) {
       continue;
     }
     const bool any = s.count > 0;
-    out << pad(any ? num(s.min) : "-", 12) << pad(any ? num(s.max) : "-", 12) << pad(num(s.mean()), 12) << pad(num(s.stddev()), 12)
-        << pad(any ? num(s.max_abs) : "-", 12) << pad(std::to_string(s.nan), 6) << s.inf << "\n";
+    out << pad(any ? num(s.min, s.integral) : "-", 12) << pad(any ? num(s.max, s.integral) : "-", 12) << pad(num(s.mean()), 12)
+        << pad(num(s.stddev()), 12) << pad(any ? num(s.max_abs, s.integral) : "-", 12) << pad(std::to_string(s.nan), 6) << s.inf << "\n";
   }
 }
 
