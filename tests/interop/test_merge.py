@@ -492,6 +492,46 @@ def test_interrupt():
         assert os.listdir(outdir) == [], os.listdir(outdir)
 
 
+def test_progress_bar_on_a_terminal():
+    # With stderr on a terminal: the bar names bytes done and total, and gives no rate before
+    # half a second has passed (no "0 MB/s" frame); interrupted, it clears its line before the
+    # error, which starts on a clean line.
+    import pty
+    import signal
+    import time
+    src = our_sample(3)
+    outdir = os.path.join(work, "bar")
+    os.makedirs(outdir)
+    master, slave = pty.openpty()
+    env = dict(os.environ, FSDP_TEST_COPY_DELAY_MS="100")
+    p = subprocess.Popen([a.merge, "-j", "1", src, "-o", os.path.join(outdir, "x.pt")], env=env, stdout=subprocess.DEVNULL,
+                         stderr=slave)
+    os.close(slave)
+    seen = b""
+    deadline = time.time() + 20
+    while b"MB/s" not in seen and time.time() < deadline:
+        seen += os.read(master, 4096)
+    p.send_signal(signal.SIGINT)
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the other side closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    p.wait(timeout=30)
+    os.close(master)
+    text = seen.decode(errors="replace")
+    frames = [f for f in text.split("\r") if f.startswith("copying [")]
+    assert frames and all(" / " in f and ("B" in f) for f in frames), text
+    assert "0 MB/s" not in frames[0] and "MB/s" not in frames[0], frames[0]  # the first frame, at 0 s
+    assert any("MB/s" in f and " left" in f for f in frames), frames
+    at = text.index("fsdp-ckpt-merge: error:")
+    assert text[:at].endswith("\r\x1b[K"), repr(text[max(0, at - 80):at + 40])
+    assert p.returncode == 130, p.returncode
+
+
 if not a.merge:
     print("FAIL: --merge (the fsdp-ckpt-merge binary) is required")
     sys.exit(1)
@@ -522,4 +562,5 @@ check("--dtype casts the model's floating tensors only, --cast-include more", te
 check("an existing output is refused without --force; --dry-run writes nothing", test_refusals)
 check("a failure found while copying (corrupt zstd item) or before (missing .distcp) leaves nothing", test_late_failure_leaves_nothing)
 check("SIGINT/SIGTERM while copying: exit 130, no output, no temporary file", test_interrupt)
+check("the progress bar on a terminal: bytes, rate and time left, and a clean line before an error", test_progress_bar_on_a_terminal)
 finish()

@@ -10,10 +10,17 @@
 
 namespace fsdp_tools {
 
+/// The bar reads `copying [#####.....]  52%  1.2 GiB / 2.3 GiB  310 MB/s  0:04, 0:03 left`: the
+/// rate and the time left once half a second has passed (no `0 MB/s` frame), redrawn at most ten
+/// times a second. An unfinished bar's line is cleared when it is destroyed, so that an error
+/// printed after it starts on a clean line.
 class ProgressBar final : public ckpt::Progress {
  public:
   /// `quiet_bar`: no bar (-q, --dry-run); `quiet_notes`: no notes either (-q).
   explicit ProgressBar(std::string program, bool quiet_bar = false, bool quiet_notes = false);
+  ~ProgressBar() override;
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
   void start(std::string_view what, std::uint64_t total) override;
   void advance(std::uint64_t units) override;
   void finish() override;
@@ -21,6 +28,7 @@ class ProgressBar final : public ckpt::Progress {
 
  private:
   void draw(bool force);
+  void clear_line();
   std::string program_;
   bool enabled_;
   bool notes_;

@@ -89,12 +89,17 @@ class Verifier {
 
   // Reads every byte of the item: the checksums its format records, or the tensor data.
   void deep_item(const ChunkLocation& loc, const std::optional<ChunkData>& data) {
+    std::uint64_t read = 0;
     if (loc.encoding == ChunkEncoding::kItem) {
       reader_.check_checksums(loc);
     } else if (data) {
-      stream_range(*data->storage, 0, data->storage->size(), [](std::span<const std::byte>) {});
+      // The bar advances piece by piece, so that a large tensor moves it.
+      stream_range(*data->storage, 0, data->storage->size(), [&](std::span<const std::byte> piece) {
+        read += piece.size();
+        progress_.advance(piece.size());
+      });
     }
-    progress_.advance(loc.length);
+    if (loc.length > read) progress_.advance(loc.length - read);
   }
 
   const Checkpoint& c_;
