@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ckpt/text.hpp"
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <iterator>
 
@@ -43,6 +45,45 @@ std::string escape_name(std::string_view name) {
   }
   return out;
 }
+
+namespace {
+
+// Python's layout of the shortest round-trip digits that to_chars writes in scientific form.
+template <typename F>
+std::string python_layout(F value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::scientific);
+  std::string_view sci(buf, static_cast<std::size_t>(end - buf));
+  std::string out;
+  if (sci.front() == '-') {
+    out += '-';
+    sci.remove_prefix(1);
+  }
+  const std::size_t e = sci.find('e');
+  std::string digits;
+  for (char c : sci.substr(0, e)) {
+    if (c != '.') digits += c;
+  }
+  const int exp = std::stoi(std::string(sci.substr(e + 1)));
+  if (exp >= -4 && exp < 16) {
+    const auto n = static_cast<int>(digits.size());
+    if (exp < 0) return out + "0." + std::string(static_cast<std::size_t>(-exp - 1), '0') + digits;
+    if (n <= exp + 1) return out + digits + std::string(static_cast<std::size_t>(exp + 1 - n), '0') + ".0";
+    return out + digits.substr(0, static_cast<std::size_t>(exp + 1)) + "." + digits.substr(static_cast<std::size_t>(exp + 1));
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  char tail[16];
+  std::snprintf(tail, sizeof tail, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+  return out + tail;
+}
+
+}  // namespace
+
+std::string float_repr(double value) { return python_layout(value); }
+std::string float_repr(float value) { return python_layout(value); }
 
 std::string human_bytes(std::uint64_t bytes) {
   if (bytes < 1024) return std::to_string(bytes) + " B";

@@ -61,6 +61,44 @@ def test_stats_integers_exact():
     assert row[3:5] == [str(-2**63), str(2**62 + 1)] and row[7] == str(2**63), row
 
 
+def test_values():
+    g = torch.Generator().manual_seed(3)
+    tensors = {"f32": torch.randn(5, 7, generator=g), "bf16": torch.randn(3, 4, 6, generator=g).to(torch.bfloat16),
+               "f16": torch.randn(11, generator=g).to(torch.float16), "f64": torch.randn(2, 3, generator=g, dtype=torch.float64),
+               "i64": torch.tensor([[2**62 + 1, -2**63], [7, 0]]), "b": torch.tensor([True, False, True]),
+               "scalar": torch.tensor(2.5), "c128": torch.tensor([1 + 2j, -0.5 - 1j], dtype=torch.complex128)}
+    path = os.path.join(work, "values.pt")
+    torch.save(tensors, path)
+    # The same tensors resharded to 3 ranks: values put together from several chunks.
+    dcp = os.path.join(work, "values_dcp")
+    r = subprocess.run([a.shard, "-q", path, "-o", dcp, "-n", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for src in (path, dcp):
+        for name, t in tensors.items():
+            want = t.flatten().tolist()
+            if t.dtype in (torch.bfloat16, torch.float16):
+                want = t.float().flatten().tolist()
+            for count in (None, 4):
+                args = [a.inspect, "--json", "--tensor", name, src, "--values"] + ([str(count)] if count else [])
+                r = subprocess.run(args, capture_output=True, text=True)
+                assert r.returncode == 0, (args, r.stderr)
+                got = json.loads(r.stdout)["entries"][0]["values"]
+                expect = want if count is None else want[:count]
+                if t.is_complex():
+                    assert got == [repr(complex(x)) for x in expect], (src, name, got)
+                else:
+                    assert got == expect, (src, name, count, got, expect)
+    text = subprocess.run([a.inspect, "--tensor", "f32", path, "--values", "10"], capture_output=True, text=True).stdout
+    assert "values: the first 10 of 35, in C order" in text, text
+    import numpy
+    first = [str(x) for x in tensors["f32"].numpy().flatten()[:7]]  # numpy's shortest float32 digits
+    lines = [l for l in text.splitlines() if l.startswith("    [")]
+    assert lines[0] == "    [0, 0]  " + " ".join(first), (lines[0], first)
+    assert [l.split()[0:2] for l in lines] == [["[0,", "0]"], ["[1,", "0]"]], lines  # a row, then the next row's start
+    r = subprocess.run([a.inspect, path, "--values", "3"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--values: needs --tensor" in r.stderr, r.stderr
+
+
 def test_our_sample_loads_weights_only():
     out = os.path.join(work, "sample.pt")
     probe(a, "write-sample", out)
@@ -385,6 +423,7 @@ def test_shared_containers():
 
 check("floats print as Python's repr prints them (the shortest digits that read back)", test_float_repr)
 check("stats gives integer tensors' min, max and max-abs exactly, as torch computes them", test_stats_integers_exact)
+check("inspect --tensor --values: torch's values, from a torch.save file and from its reshard's chunks", test_values)
 check("our writer's sample loads with torch.load(weights_only=True)", test_our_sample_loads_weights_only)
 check("shared containers (torch.optim's betas) are listed under each path; 2^40 paths are refused", test_shared_containers)
 check("our reader agrees with torch.load on torch.save files", test_reader_on_torch_files)

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "fsdp-ckpt-inspect/cli.hpp"
 
+#include <charconv>
+
 #include "common/cli_common.hpp"
 
 namespace fsdp_tools {
@@ -27,6 +29,11 @@ InspectApp make_inspect_app(InspectCliOptions& o) {
   app.add_flag("--summary", o.summary, "print the summary alone, without the table of entries");
   app.add_flag("--files", o.all_files, "list every data file (past " + std::to_string(ckpt::kFoldFiles) + " the summary counts them)");
   app.add_flag("--bytes", o.exact_bytes, "sizes in bytes (default: KiB, MiB, GiB)");
+  no_default(app.add_option_function<std::string>(
+                    "--values", [&o](const std::string& n) { o.values = n.empty() ? "all" : n; },
+                    "with --tensor: print each matching tensor's values in C order, reading only their bytes: the first N (default: all)"))
+      ->expected(0, 1)
+      ->type_name("[N]");
   app.require_subcommand(0, 1);
 
   a.verify = app.add_subcommand("verify", "check that a checkpoint is complete and readable; exit 1 on any problem");
@@ -65,7 +72,19 @@ static ckpt::OutputFormat format_of(const InspectCliOptions& o) { return o.json 
 
 ckpt::InspectOptions to_inspect(const InspectCliOptions& o) {
   if (o.summary && !o.tensor_glob.empty()) throw CLI::ValidationError("--summary", "shows no entries; --tensor selects entries to show");
-  return {o.path, format_of(o), o.tensor_glob, o.meta, o.summary, o.all_files, o.exact_bytes};
+  ckpt::InspectOptions i{o.path, format_of(o), o.tensor_glob, o.meta, o.summary, o.all_files, o.exact_bytes, std::nullopt};
+  if (!o.values.empty()) {
+    if (o.tensor_glob.empty()) throw CLI::ValidationError("--values", "needs --tensor NAME (the tensors whose values to print)");
+    if (o.values == "all") {
+      i.values = ckpt::kAllValues;
+    } else {
+      std::uint64_t n = 0;
+      const auto [end, ec] = std::from_chars(o.values.data(), o.values.data() + o.values.size(), n);
+      if (ec != std::errc() || end != o.values.data() + o.values.size()) throw CLI::ValidationError("--values", "'" + o.values + "' is not a count");
+      i.values = n;
+    }
+  }
+  return i;
 }
 ckpt::VerifyOptions to_verify(const InspectCliOptions& o) {
   return {o.verify_path, o.deep ? ckpt::VerifyDepth::kDeep : ckpt::VerifyDepth::kStructure, format_of(o)};

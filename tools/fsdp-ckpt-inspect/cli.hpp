@@ -16,6 +16,7 @@ struct InspectCliOptions {
   std::string tensor_glob;
   bool meta = false;
   bool summary = false, all_files = false, exact_bytes = false;
+  std::string values;  ///< --values: "all" (given without N) or N; empty: not given
   bool quiet = false;
   // verify
   std::string verify_path;

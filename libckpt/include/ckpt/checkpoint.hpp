@@ -248,4 +248,10 @@ class ChunkReader {
 /// C-contiguous strides for `shape`.
 std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape);
 
+/// Elements [begin, end) of `tensor`, flattened in C order, as its dtype's bytes: read from the
+/// chunks that hold them, and of each only the bytes of those elements, a row at a time (an
+/// encoded item is decoded whole first). Elements no chunk holds are zeros. Throws what read()
+/// throws, and kInvalidArgument for a range past the tensor's end.
+std::vector<std::byte> read_elements(const ChunkReader& reader, const TensorEntry& tensor, std::uint64_t begin, std::uint64_t end);
+
 }  // namespace ckpt

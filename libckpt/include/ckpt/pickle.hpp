@@ -181,9 +181,6 @@ ValuePtr make_ordered_dict(std::vector<std::pair<ValuePtr, ValuePtr>> items = {}
 /// The value under the str key `key` of `dict` (a dict, or what dict_items() reads as one); null
 /// when `dict` is null, not a dict, or has no such key. Null-safe, so look-ups chain.
 ValuePtr dict_value(const Value* dict, std::string_view key);
-/// Python's repr() of a float: the shortest digits that read back as `value` ("0.003", "1e-05",
-/// "100.0", "1.2345678901234568e+17", "nan", "-inf").
-std::string python_float_repr(double value);
 /// A float, or an int as a double; nullopt for null or anything else.
 std::optional<double> number_value(const Value* value);
 

@@ -4,6 +4,7 @@
 #include "ckpt/checkpoint.hpp"
 
 #include "ckpt/error.hpp"
+#include "ckpt/sharding.hpp"
 #include "index/item_decoder.hpp"
 
 namespace ckpt {
@@ -101,6 +102,56 @@ void ChunkReader::check_checksums(const ChunkLocation& location) const {
 pickle::ValuePtr ChunkReader::object_value(const ObjectEntry& entry) const {
   if (entry.value || !entry.item) return entry.value;
   return decoder().object(item(*entry.item));
+}
+
+std::vector<std::byte> read_elements(const ChunkReader& reader, const TensorEntry& tensor, std::uint64_t begin, std::uint64_t end) {
+  const std::uint64_t numel = box_volume(tensor.shape);
+  if (begin > end || end > numel) {
+    throw Error(ErrorKind::kInvalidArgument, "elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") of '" + tensor.name +
+                                                 "', which has " + std::to_string(numel));
+  }
+  const std::size_t es = element_size(tensor.dtype);
+  std::vector<std::byte> out(static_cast<std::size_t>(end - begin) * es);
+  const std::vector<Box> boxes = flat_range_boxes(tensor.shape, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end));
+  const Dims origin(std::vector<std::int64_t>(tensor.shape.size(), 0));
+  for (const Chunk& chunk : tensor.chunks) {
+    if (box_volume(chunk.sizes) == 0) continue;
+    std::optional<ChunkData> d;  // read once, when a box needs it
+    for (const Box& box : boxes) {
+      const std::optional<Box> part = intersect(box.offsets, box.sizes, chunk.offsets, chunk.sizes);
+      if (!part) continue;
+      if (!d) d = reader.read(tensor, chunk);
+      // Each row of `part` along the last dimension (the whole of a 0-d tensor) in one read when
+      // the chunk stores it contiguously, element by element otherwise.
+      const std::size_t n = part->sizes.size();
+      const std::int64_t row = n ? part->sizes[n - 1] : 1;
+      const bool contiguous = n == 0 || d->strides[n - 1] == 1;
+      std::vector<std::int64_t> at = part->offsets.vec();
+      for (bool more = true; more;) {
+        const std::uint64_t g = flat_index(at, origin, tensor.shape);
+        std::int64_t element = d->storage_offset;
+        for (std::size_t k = 0; k < n; ++k) element += (at[k] - chunk.offsets[k]) * d->strides[k];
+        std::byte* to = out.data() + static_cast<std::size_t>(g - begin) * es;
+        if (contiguous) {
+          d->storage->read_at(static_cast<std::uint64_t>(element) * es, {to, static_cast<std::size_t>(row) * es});
+        } else {
+          for (std::int64_t i = 0; i < row; ++i) {
+            d->storage->read_at(static_cast<std::uint64_t>(element + i * d->strides[n - 1]) * es, {to + static_cast<std::size_t>(i) * es, es});
+          }
+        }
+        // The next row: an odometer over the dimensions before the last, innermost first.
+        more = false;
+        for (std::size_t k = n > 1 ? n - 1 : 0; k-- > 0;) {
+          if (++at[k] < part->offsets[k] + part->sizes[k]) {
+            more = true;
+            break;
+          }
+          at[k] = part->offsets[k];
+        }
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace ckpt

@@ -2,6 +2,7 @@
 // inspect: the Checkpoint index printed as a summary and a table, or as JSON schema 1.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "ckpt/open.hpp"
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/text.hpp"
+#include "ops/elements.hpp"
 #include "text_helpers.hpp"
 
 namespace ckpt {
@@ -90,7 +92,98 @@ std::string_view escaped(std::string_view name, std::string& scratch) {
   return scratch;
 }
 
-void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& out) {
+// Python's repr of complex(re, im): its parts without float repr's ".0" ("(1+2.5j)"), and the
+// imaginary part alone when the real one is +0 ("2j").
+template <typename F>
+std::string complex_repr(F re, F im) {
+  auto part = [](F x) {
+    std::string t = float_repr(x);
+    if (t.ends_with(".0")) t.resize(t.size() - 2);
+    return t;
+  };
+  if (re == 0 && !std::signbit(re)) return part(im) + "j";
+  const std::string sign = std::signbit(im) || std::isnan(im) ? "" : "+";
+  return "(" + part(re) + (std::isnan(im) ? "+" : sign) + part(im) + "j)";
+}
+
+// One element for people: exact integers, floats as Python's repr in their own precision
+// (float16, bfloat16 and float8 as the float32 they widen to exactly), complex as Python's, and
+// the bytes in hex for dtypes without a number (quantized, bits).
+std::string element_text(DType dtype, const std::byte* p) {
+  auto load = [p](auto v, std::size_t at = 0) {
+    std::memcpy(&v, p + at, sizeof v);
+    return v;
+  };
+  switch (dtype) {
+    case DType::kBool: return load(std::uint8_t{}) ? "True" : "False";
+    case DType::kFloat32: return float_repr(load(float{}));
+    case DType::kFloat64: return float_repr(load(double{}));
+    case DType::kFloat16: case DType::kBFloat16: case DType::kFloat8E5M2: case DType::kFloat8E4M3FN:
+      return float_repr(static_cast<float>(detail::to_double(dtype, p)));
+    case DType::kComplex64: return complex_repr(load(float{}), load(float{}, 4));
+    case DType::kComplex128: return complex_repr(load(double{}), load(double{}, 8));
+    default:
+      break;
+  }
+  if (detail::is_integral(dtype)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0Lf", detail::integer_value(dtype, p));
+    return buf;
+  }
+  std::string hex = "0x";
+  for (std::size_t i = element_size(dtype); i-- > 0;) {  // little-endian: the high byte first
+    char b[4];
+    std::snprintf(b, sizeof b, "%02x", static_cast<unsigned>(p[i]));
+    hex += b;
+  }
+  return hex;
+}
+
+// The same as JSON: numbers where JSON has them (nan and inf as strings), true/false, text else.
+ordered_json element_json(DType dtype, const std::byte* p) {
+  if (dtype == DType::kBool) return static_cast<bool>(p[0]);
+  if (detail::is_integral(dtype)) {
+    const long double v = detail::integer_value(dtype, p);
+    return v < 0 ? ordered_json(static_cast<std::int64_t>(v)) : ordered_json(static_cast<std::uint64_t>(v));
+  }
+  if (detail::is_numeric(dtype)) {
+    const double v = detail::to_double(dtype, p);
+    if (std::isfinite(v)) return v;
+  }
+  return element_text(dtype, p);
+}
+
+// The first `count` elements of `t` (all: kAllValues), read from the bytes that hold them.
+std::vector<std::byte> first_elements(const ChunkReader& reader, const TensorEntry& t, std::uint64_t count) {
+  return read_elements(reader, t, 0, std::min<std::uint64_t>(count, t.numel()));
+}
+
+// `t`'s first values as text: lines of up to 8 consecutive values of one row, each after the
+// index of its first value ("    [1, 0]  0.5 -2.25 ...").
+void print_values(const ChunkReader& reader, const TensorEntry& t, std::uint64_t count, std::ostream& out) {
+  const std::vector<std::byte> bytes = first_elements(reader, t, count);
+  const std::size_t es = element_size(t.dtype);
+  const std::uint64_t n = bytes.size() / es, numel = t.numel();
+  out << "    values: " << (n == numel ? "all " + std::to_string(n) : "the first " + std::to_string(n) + " of " + std::to_string(numel))
+      << ", in C order\n";
+  const std::int64_t row = t.shape.empty() ? 1 : std::max<std::int64_t>(t.shape.back(), 1);
+  for (std::uint64_t i = 0; i < n;) {
+    // The multi-index of element i.
+    std::vector<std::int64_t> index(t.shape.size());
+    std::uint64_t rest = i;
+    for (std::size_t k = t.shape.size(); k-- > 0;) {
+      const auto dim = static_cast<std::uint64_t>(std::max<std::int64_t>(t.shape[k], 1));
+      index[k] = static_cast<std::int64_t>(rest % dim);
+      rest /= dim;
+    }
+    const std::uint64_t line_end = std::min({n, i + 8, i + static_cast<std::uint64_t>(row - (index.empty() ? 0 : index.back()))});
+    out << "    " << detail::shape_text(index) << " ";
+    for (; i < line_end; ++i) out << " " << element_text(t.dtype, bytes.data() + i * es);
+    out << "\n";
+  }
+}
+
+void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& out, const ChunkReader& reader) {
   const auto tensors = sorted_tensors(c, opt.tensor_glob);
   const auto objects = sorted_objects(c, opt.tensor_glob);
   if (opt.tensor_glob.empty()) {
@@ -180,6 +273,7 @@ void print_text(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
           }
           out << "\n";
         }
+        if (opt.values) print_values(reader, t, *opt.values, out);
       }
     } else {
       const ObjectEntry& o = *objects[j++];
@@ -315,6 +409,12 @@ void print_json(const Checkpoint& c, const InspectOptions& opt, std::ostream& ou
                        {"nbytes", t->nbytes()}};
       x["chunks"] = ordered_json::array();
       for (const auto& ch : t->chunks) x["chunks"].push_back(chunk_json(c, ch));
+      if (opt.values) {
+        const std::vector<std::byte> bytes = first_elements(reader, *t, *opt.values);
+        const std::size_t es = element_size(t->dtype);
+        x["values"] = ordered_json::array();
+        for (std::size_t k = 0; k < bytes.size(); k += es) x["values"].push_back(element_json(t->dtype, bytes.data() + k));
+      }
     } else {
       const ObjectEntry* o = entries[i].second;
       x = ordered_json{{"name", o->name}, {"kind", o->item ? "bytes" : "object"}};
@@ -378,7 +478,7 @@ void inspect(const InspectOptions& options, std::ostream& out) {
   require_match(c, options.tensor_glob, GlobOver::kEntries);
   const ChunkReader reader(c);
   if (options.format == OutputFormat::kJson) return print_json(c, options, out, reader);
-  print_text(c, options, out);
+  print_text(c, options, out, reader);
   if (options.meta) {
     for (const auto& [n, tree] : c.meta_trees) {
       out << "\n== " << escape_name(n) << "\n";

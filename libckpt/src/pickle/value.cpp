@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Value constructors, accessors and repr().
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <unordered_map>
 
 #include "ckpt/pickle.hpp"
+#include "ckpt/text.hpp"
 #include "pickle/node_pool.hpp"
 
 namespace ckpt::pickle {
@@ -345,7 +345,7 @@ class Repr {
       put("int(" + std::string(neg ? "two's complement " : "") + hex + ")");
     }
   }
-  void emit(double d) { put(python_float_repr(d)); }
+  void emit(double d) { put(float_repr(d)); }
   void emit(const Str& s) {
     if (!full()) quoted(s.text);
   }
@@ -393,39 +393,6 @@ class Repr {
 };
 
 }  // namespace
-
-std::string python_float_repr(double d) {
-  if (std::isnan(d)) return "nan";
-  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-  // The shortest digits that read back as `d` (to_chars' round-trip guarantee, as Python's
-  // float_repr_style 'short'), then Python's layout: fixed notation for a decimal exponent in
-  // [-4, 16), with ".0" on an integral value; otherwise d[.ddd]e±XX.
-  char buf[64];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
-  std::string_view sci(buf, static_cast<std::size_t>(end - buf));
-  std::string out;
-  if (sci.front() == '-') {
-    out += '-';
-    sci.remove_prefix(1);
-  }
-  const std::size_t e = sci.find('e');
-  std::string digits;
-  for (char c : sci.substr(0, e)) {
-    if (c != '.') digits += c;
-  }
-  const int exp = std::stoi(std::string(sci.substr(e + 1)));
-  if (exp >= -4 && exp < 16) {
-    const auto n = static_cast<int>(digits.size());
-    if (exp < 0) return out + "0." + std::string(static_cast<std::size_t>(-exp - 1), '0') + digits;
-    if (n <= exp + 1) return out + digits + std::string(static_cast<std::size_t>(exp + 1 - n), '0') + ".0";
-    return out + digits.substr(0, static_cast<std::size_t>(exp + 1)) + "." + digits.substr(static_cast<std::size_t>(exp + 1));
-  }
-  out += digits.substr(0, 1);
-  if (digits.size() > 1) out += "." + digits.substr(1);
-  char tail[16];
-  std::snprintf(tail, sizeof tail, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
-  return out + tail;
-}
 
 std::string repr(const Value& value, std::size_t max_chars) {
   Repr r(max_chars);

@@ -29,7 +29,11 @@ struct InspectOptions {
   bool summary = false;     ///< text: the summary alone, no table of entries (gguf_dump --no-tensors, h5dump -H)
   bool all_files = false;   ///< text: every file, where more than kFoldFiles data files are otherwise counted
   bool exact_bytes = false; ///< text: sizes in bytes, not in human units (KiB, MiB, ...)
+  /// With tensor_glob: each matching tensor's first this many values, in C order, read from the
+  /// bytes that hold them alone (read_elements); kAllValues: every one.
+  std::optional<std::uint64_t> values = std::nullopt;
 };
+inline constexpr std::uint64_t kAllValues = ~std::uint64_t{0};
 
 /// Past this many data files (DCP's __r_n.distcp, safetensors shards), the text summary counts
 /// them in one line instead of listing each (InspectOptions::all_files lists them).
