@@ -80,6 +80,126 @@ void setup_app(CLI::App& app, std::string_view program, std::string_view descrip
   app.formatter(std::make_shared<HelpFormatter>());
   app.get_formatter()->column_width(34);
   app.option_defaults()->always_capture_default();
+  app.add_option_function<std::string>(
+         "--completion",
+         [&app](const std::string& shell) {
+           std::cout << completion_script(app, shell);
+           throw CLI::Success();
+         },
+         "print a completion script for SHELL")
+      ->check(CLI::IsMember({"bash", "zsh"}))
+      ->group("");  // hidden: for the build, which installs what it prints
+}
+
+namespace {
+
+// An option's names as typed ("--json", "-q", "--quiet").
+std::vector<std::string> names_of(const CLI::Option& o) {
+  std::vector<std::string> out;
+  for (const auto& s : o.get_snames()) out.push_back("-" + s);
+  for (const auto& l : o.get_lnames()) out.push_back("--" + l);
+  return out;
+}
+
+// The options --help shows (not positionals, not the hidden ones).
+std::vector<const CLI::Option*> shown_options(const CLI::App& app) {
+  std::vector<const CLI::Option*> out;
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->nonpositional() && !o->get_group().empty()) out.push_back(o);
+  }
+  return out;
+}
+
+std::string function_name(std::string name) {
+  for (char& c : name) {
+    if (c == '-') c = '_';
+  }
+  return "_" + name + "_complete";
+}
+
+// `text` inside a zsh single-quoted _arguments spec: quotes closed and reopened, and the
+// characters _arguments gives a meaning ([ ] :) escaped.
+std::string zsh_quoted(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\'') out += "'\\''";
+    else if (c == '[' || c == ']' || c == ':') (out += '\\') += c;
+    else out += c;
+  }
+  return out;
+}
+
+std::string bash_script(const CLI::App& app) {
+  const std::string program = app.get_name(), fn = function_name(program);
+  auto options = [](const CLI::App& a) {
+    std::string w;
+    for (const CLI::Option* o : shown_options(a)) {
+      for (const std::string& n : names_of(*o)) w += (w.empty() ? "" : " ") + n;
+    }
+    return w;
+  };
+  const auto subs = app.get_subcommands([](const CLI::App*) { return true; });
+  std::string pattern, names;
+  for (const CLI::App* sub : subs) {
+    pattern += (pattern.empty() ? "" : "|") + sub->get_name();
+    names += (names.empty() ? "" : " ") + sub->get_name();
+  }
+  std::string out = "# bash completion for " + program + ", printed by `" + program + " --completion bash` from its option definitions\n";
+  out += fn + "() {\n";
+  out += "  local cur=${COMP_WORDS[COMP_CWORD]} sub= w opts subs\n";
+  if (!subs.empty()) {
+    out += "  for w in \"${COMP_WORDS[@]:1:COMP_CWORD-1}\"; do\n    case $w in " + pattern + ") sub=$w ;; esac\n  done\n";
+  }
+  out += "  case $sub in\n";
+  for (const CLI::App* sub : subs) out += "    " + sub->get_name() + ") opts=\"" + options(*sub) + "\" subs= ;;\n";
+  out += "    *) opts=\"" + options(app) + "\" subs=\"" + names + "\" ;;\n  esac\n";
+  out += "  if [[ $cur == -* ]]; then\n    COMPREPLY=($(compgen -W \"$opts\" -- \"$cur\"))\n";
+  out += "  else\n    COMPREPLY=($(compgen -W \"$subs\" -- \"$cur\") $(compgen -f -- \"$cur\"))\n  fi\n}\n";
+  out += "complete -o filenames -o bashdefault -F " + fn + " " + program + "\n";
+  return out;
+}
+
+std::string zsh_arguments(const CLI::App& app, const std::string& rest) {
+  std::string out = "_arguments -s";
+  for (const CLI::Option* o : shown_options(app)) {
+    const std::vector<std::string> names = names_of(*o);
+    const std::string desc = "[" + zsh_quoted(o->get_description()) + "]" + (o->get_items_expected_max() > 0 ? ":value:_files" : "");
+    if (names.size() == 1) {
+      out += " \\\n    '" + names[0] + desc + "'";
+    } else {
+      std::string group = "(";
+      for (const std::string& n : names) group += (group.size() > 1 ? " " : "") + n;
+      group += ")";
+      out += " \\\n    '" + group + "'{" ;
+      for (std::size_t i = 0; i < names.size(); ++i) out += (i ? "," : "") + names[i];
+      out += "}'" + desc + "'";
+    }
+  }
+  return out + " \\\n    " + rest + "\n";
+}
+
+std::string zsh_script(const CLI::App& app) {
+  const std::string program = app.get_name();
+  std::string out = "#compdef " + program + "\n# zsh completion for " + program + ", printed by `" + program +
+                    " --completion zsh` from its option definitions\n";
+  const auto subs = app.get_subcommands([](const CLI::App*) { return true; });
+  if (subs.empty()) return out + zsh_arguments(app, "'*:file:_files'");
+  std::string names, pattern;
+  for (const CLI::App* sub : subs) {
+    names += " '" + sub->get_name() + ":" + zsh_quoted(sub->get_description()) + "'";
+    pattern += (pattern.empty() ? "" : "|") + sub->get_name();
+  }
+  out += "local -a subcommands\nsubcommands=(" + names + " )\n";
+  out += "case ${words[(r)(" + pattern + ")]} in\n";
+  for (const CLI::App* sub : subs) out += "  " + sub->get_name() + ")\n    " + zsh_arguments(*sub, "'*:file:_files'") + "    ;;\n";
+  out += "  *)\n    " + zsh_arguments(app, "'1: :{_describe subcommand subcommands; _files}' '*:file:_files'") + "    ;;\nesac\n";
+  return out;
+}
+
+}  // namespace
+
+std::string completion_script(const CLI::App& app, std::string_view shell) {
+  return shell == "zsh" ? zsh_script(app) : bash_script(app);
 }
 
 CLI::Option* no_default(CLI::Option* opt) { return opt->default_str(""); }
@@ -157,6 +277,8 @@ std::optional<int> parse(CLI::App& app, int argc, const char* const* argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::Success&) {  // --completion printed its script
+    return 0;
   } catch (const CLI::ParseError& e) {
     // As every other error: "TOOL: error: ...", with what was most likely meant when an option
     // or a subcommand was mistyped.

@@ -24,6 +24,11 @@ std::string version_text(std::string_view program);
 /// Every tool's App: its description, footer, --version, and the shared --help layout (each
 /// option's kind of value, range and default; options added afterwards capture their defaults).
 void setup_app(CLI::App& app, std::string_view program, std::string_view description);
+
+/// A bash or zsh completion script for `app` (its options and subcommands, files for the rest),
+/// from the same definitions --help prints; every tool prints it with the hidden option
+/// `--completion bash|zsh` that setup_app adds, and the build installs what it prints.
+std::string completion_script(const CLI::App& app, std::string_view shell);
 /// Marks an option whose default only means "not given" (its description says what happens
 /// then): --help shows no default for it. Returns `opt`.
 CLI::Option* no_default(CLI::Option* opt);
