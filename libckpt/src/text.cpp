@@ -67,17 +67,23 @@ std::string python_layout(F value) {
     if (c != '.') digits += c;
   }
   const int exp = std::stoi(std::string(sci.substr(e + 1)));
+  // Appended piece by piece (GCC 12 misreads a chain of operator+ on temporaries at -O3).
   if (exp >= -4 && exp < 16) {
     const auto n = static_cast<int>(digits.size());
-    if (exp < 0) return out + "0." + std::string(static_cast<std::size_t>(-exp - 1), '0') + digits;
-    if (n <= exp + 1) return out + digits + std::string(static_cast<std::size_t>(exp + 1 - n), '0') + ".0";
-    return out + digits.substr(0, static_cast<std::size_t>(exp + 1)) + "." + digits.substr(static_cast<std::size_t>(exp + 1));
+    if (exp < 0) {
+      out.append("0.").append(static_cast<std::size_t>(-exp - 1), '0').append(digits);
+    } else if (n <= exp + 1) {
+      out.append(digits).append(static_cast<std::size_t>(exp + 1 - n), '0').append(".0");
+    } else {
+      out.append(digits, 0, static_cast<std::size_t>(exp + 1)).append(".").append(digits, static_cast<std::size_t>(exp + 1));
+    }
+    return out;
   }
-  out += digits.substr(0, 1);
-  if (digits.size() > 1) out += "." + digits.substr(1);
+  out.append(digits, 0, 1);
+  if (digits.size() > 1) out.append(".").append(digits, 1);
   char tail[16];
   std::snprintf(tail, sizeof tail, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
-  return out + tail;
+  return out.append(tail);
 }
 
 }  // namespace

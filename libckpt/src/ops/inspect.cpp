@@ -101,9 +101,10 @@ std::string complex_repr(F re, F im) {
     if (t.ends_with(".0")) t.resize(t.size() - 2);
     return t;
   };
-  if (re == 0 && !std::signbit(re)) return part(im) + "j";
-  const std::string sign = std::signbit(im) || std::isnan(im) ? "" : "+";
-  return "(" + part(re) + (std::isnan(im) ? "+" : sign) + part(im) + "j)";
+  if (re == 0 && !std::signbit(re)) return part(im).append("j");
+  std::string out = "(";
+  out.append(part(re)).append(std::signbit(im) && !std::isnan(im) ? "" : "+").append(part(im)).append("j)");
+  return out;
 }
 
 // One element for people: exact integers, floats as Python's repr in their own precision
