@@ -102,7 +102,11 @@ Format detect_format(const std::filesystem::path& path) {
   return with_probe(path, [](const formats::Probe& p) { return detect(p).first; });
 }
 
-Checkpoint open_checkpoint(const std::filesystem::path& path, MetaTrees trees) {
+Checkpoint open_checkpoint(const std::filesystem::path& given, MetaTrees trees) {
+  // "dir/" is "dir": a trailing separator would leave the checkpoint's root without a name
+  // (what a merge records as its source, what errors name).
+  std::filesystem::path path = given;
+  while (!path.has_filename() && path.has_parent_path() && path != path.root_path()) path = path.parent_path();
   const formats::Driver* driver = with_probe(path, [&](const formats::Probe& p) {
     const auto [format, d] = detect(p);
     if (d) return d;

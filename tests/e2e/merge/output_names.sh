@@ -16,3 +16,5 @@ echo "exit $?"
 "$FSDP_CKPT_INSPECT" --summary in.consolidated | head -1
 "$FSDP_CKPT_MERGE" -q in --format safetensors
 echo "exit $?"
+# A trailing '/' on the input keeps its name as the output's source.
+"$FSDP_CKPT_MERGE" -q in/ -o s.safetensors && grep -a -o '"source":"[^"]*"' s.safetensors
