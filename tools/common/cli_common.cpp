@@ -204,6 +204,14 @@ std::string completion_script(const CLI::App& app, std::string_view shell) {
 
 CLI::Option* no_default(CLI::Option* opt) { return opt->default_str(""); }
 
+const char* format_named_by(const std::string& path) {
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".safetensors") return "safetensors";
+  if (ext == ".h5" || ext == ".hdf5") return "hdf5";
+  if (ext == ".pt" || ext == ".pth" || ext == ".bin" || ext == ".ckpt") return "torch";
+  return nullptr;
+}
+
 namespace {
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {

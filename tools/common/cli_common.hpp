@@ -33,6 +33,10 @@ std::string completion_script(const CLI::App& app, std::string_view shell);
 /// then): --help shows no default for it. Returns `opt`.
 CLI::Option* no_default(CLI::Option* opt);
 
+/// The checkpoint format a file name's extension names: "safetensors" (.safetensors), "hdf5"
+/// (.h5, .hdf5), "torch" (.pt, .pth, .bin, .ckpt); nullptr for any other name.
+const char* format_named_by(const std::string& path);
+
 /// Parses argv; returns std::nullopt to go on, or the exit code: 0 after --help/--version, 2 after
 /// a usage error (message on stderr).
 std::optional<int> parse(CLI::App& app, int argc, const char* const* argv);

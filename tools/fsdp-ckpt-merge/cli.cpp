@@ -36,22 +36,14 @@ std::unique_ptr<CLI::App> make_merge_app(MergeCliOptions& o) {
 
 ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFilter> filters) {
   ckpt::MergeOptions m;
+  const char* named = format_named_by(o.output);
   std::string format = o.format;
   if (format.empty()) {
-    const std::string ext = std::filesystem::path(o.output).extension().string();
-    if (ext == ".safetensors" || !o.max_shard_size.empty()) format = "safetensors";
-    else if (ext == ".h5" || ext == ".hdf5") format = "hdf5";
-    else format = "torch";
+    format = !o.max_shard_size.empty() ? "safetensors" : named ? named : "torch";
+  } else if (named && named != format) {  // an extension that names another format
+    throw CLI::ValidationError("--format", o.format + " contradicts OUTPUT '" + o.output + "', whose extension is " + named + "'s: rename one");
   }
   m.format = format == "safetensors" ? ckpt::MergeFormat::kSafetensors : format == "hdf5" ? ckpt::MergeFormat::kHdf5 : ckpt::MergeFormat::kTorch;
-  if (!o.format.empty() && !o.output.empty()) {  // an extension that names another format
-    const std::string ext = std::filesystem::path(o.output).extension().string();
-    const char* named = ext == ".safetensors" ? "safetensors" : (ext == ".h5" || ext == ".hdf5") ? "hdf5" :
-                        (ext == ".pt" || ext == ".pth" || ext == ".bin" || ext == ".ckpt") ? "torch" : nullptr;
-    if (named && named != o.format) {
-      throw CLI::ValidationError("--format", o.format + " contradicts OUTPUT '" + o.output + "', whose extension is " + named + "'s: rename one");
-    }
-  }
   m.layout = o.layout == "flat" ? ckpt::MergeLayout::kFlat : ckpt::MergeLayout::kNested;
   if (!o.key.empty()) {
     if (m.format != ckpt::MergeFormat::kSafetensors) throw CLI::ValidationError("--key", "applies to safetensors output only");
@@ -92,11 +84,9 @@ std::string merge_output(const MergeCliOptions& o, const ckpt::MergeOptions& m) 
   const std::filesystem::path out(o.output);
   const std::string ext = out.extension().string();
   if (m.max_shard_size) {
-    for (const char* file_ext : {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".h5", ".hdf5", ".json"}) {
-      if (ext == file_ext) {
-        throw CLI::ValidationError("--output", "'" + o.output + "' names a " + ext + " file, but --max-shard-size writes a directory of safetensors shards: name the directory (" +
-                                               out.stem().string() + ")");
-      }
+    if (format_named_by(o.output) || ext == ".json") {
+      throw CLI::ValidationError("--output", "'" + o.output + "' names a " + ext + " file, but --max-shard-size writes a directory of safetensors shards: name the directory (" +
+                                             out.stem().string() + ")");
     }
   } else if (o.output.back() == '/') {
     const char* name = m.format == ckpt::MergeFormat::kSafetensors ? "model.safetensors" : m.format == ckpt::MergeFormat::kHdf5 ? "model.h5" : "model.pt";

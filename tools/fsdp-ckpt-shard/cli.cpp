@@ -41,11 +41,9 @@ namespace {
 
 /// shard writes a DCP directory: an OUTPUT that names a file of a checkpoint format is refused.
 void check_output_name(const std::string& output) {
-  const std::string ext = std::filesystem::path(output).extension().string();
-  for (const char* file_ext : {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".h5", ".hdf5"}) {
-    if (ext == file_ext) {
-      throw CLI::ValidationError("--output", "'" + output + "' names a " + ext + " file, but fsdp-ckpt-shard writes a DCP directory: name the directory");
-    }
+  if (format_named_by(output)) {
+    throw CLI::ValidationError("--output", "'" + output + "' names a " + std::filesystem::path(output).extension().string() +
+                                           " file, but fsdp-ckpt-shard writes a DCP directory: name the directory");
   }
 }
 
