@@ -78,6 +78,9 @@ struct Value;
 /// pickles an enum member by name, getattr(CLASS, 'MEMBER'): data, like any class. Any other
 /// getattr reaches attributes (a gadget) and is refused by the readers (NOTE [What runs code]).
 bool getattr_is_data(const Value& call) noexcept;
+/// The MEMBER that getattr_is_data allows: an identifier that is not private or special. Readers
+/// that check getattr without a Value tree apply the same rule.
+bool is_enum_member_name(std::string_view name) noexcept;
 
 /// An int of any size: `value` when it fits int64 (then `big` is empty), else `big` holds the
 /// minimal two's-complement little-endian bytes (as LONG1/LONG4 carry them).

@@ -133,8 +133,10 @@ bool getattr_is_data(const Value& call) noexcept {
   const Object* o = call.object();
   const auto* args = o && o->args ? o->args->sequence() : nullptr;
   if (!args || args->size() != 2 || !(*args)[0]->global() || !(*args)[1]->str()) return false;
-  // An enum member's name: an identifier that is not private or special.
-  const std::string& name = *(*args)[1]->str();
+  return is_enum_member_name(*(*args)[1]->str());
+}
+
+bool is_enum_member_name(std::string_view name) noexcept {
   const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   return !name.empty() && name[0] != '_' && !std::isdigit(static_cast<unsigned char>(name[0])) &&
          std::all_of(name.begin(), name.end(), word);

@@ -659,7 +659,7 @@ class DirectReader {
       }
       case GlobalKind::kBuiltinGetattr: {
         const bool member = args.count == 2 && item(args, 0).tag == Tag::kGlobal && item(args, 0).kind == GlobalKind::kDcpMemoryFormat &&
-                            item(args, 1).tag == Tag::kStr;
+                            item(args, 1).tag == Tag::kStr && pickle::is_enum_member_name(view(item(args, 1)));
         if (!member) decline();
         r.tag = Tag::kOther;
         break;
