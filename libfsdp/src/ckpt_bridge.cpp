@@ -208,7 +208,7 @@ torch::Tensor read_range(const ckpt::ChunkReader& reader, const ckpt::TensorEntr
 // SaveOptions::file_bytes; a file's chunks get their bytes just before it is written and let go
 // after, which bounds what a copy to the host holds where the slices are on a GPU.
 
-void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
+void save_sharded(const std::filesystem::path& dir, ShardedModel& model, ProcessGroup& group, const SaveOptions& o) {
   const int rank = group.rank(), world = group.size();
   if (o.model_filter) throw Error("a sharded checkpoint cannot be filtered (it could not be loaded): save a full one");
   torch::NoGradGuard no_grad;
@@ -408,7 +408,7 @@ class Gathers {
     std::string buffer;
   };
 
-  Gathers(FullyShardedSequential& model, const std::vector<NamedOptimizer>& optimizers, std::vector<Op> ops)
+  Gathers(ShardedModel& model, const std::vector<NamedOptimizer>& optimizers, std::vector<Op> ops)
       : model_(model), optimizers_(optimizers), ops_(std::move(ops)), uses_(ops_.size(), 0), held_(ops_.size()) {}
 
   /// A storage rank 0 writes will read op `i`'s values.
@@ -436,7 +436,7 @@ class Gathers {
     if (uses_[i] > 0) held_[i] = std::move(v);
   }
 
-  FullyShardedSequential& model_;
+  ShardedModel& model_;
   const std::vector<NamedOptimizer>& optimizers_;
   std::vector<Op> ops_;
   std::vector<std::int64_t> uses_;
@@ -480,7 +480,7 @@ class GatheredSource : public ckpt::ByteSource {
 
 }  // namespace
 
-void save_full(const std::filesystem::path& file, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& o) {
+void save_full(const std::filesystem::path& file, ShardedModel& model, ProcessGroup& group, const SaveOptions& o) {
   namespace pk = ckpt::pickle;
   torch::NoGradGuard no_grad;
   const bool writer = group.rank() == 0;
@@ -610,7 +610,7 @@ std::map<std::string, const ckpt::TensorEntry*> model_tensors(const ckpt::Checkp
 
 // Strict loading: every parameter of the model there (a tied weight under its first name at least),
 // and nothing else, or one error naming both.
-void check_names_match(const FullyShardedSequential& model, const std::map<std::string, const ckpt::TensorEntry*>& found,
+void check_names_match(const ShardedModel& model, const std::map<std::string, const ckpt::TensorEntry*>& found,
                        const ckpt::Checkpoint& c, const LoadOptions& o, const std::string& who) {
   std::set<std::string> known;
   std::vector<std::string> missing, unexpected;
@@ -740,7 +740,7 @@ std::map<std::string, std::string> restore_param_groups(ShardedOptimizer& optimi
 
 }  // namespace
 
-ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group,
+ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, ShardedModel& model, ProcessGroup& group,
                                     const LoadOptions& o) {
   const std::string who = "rank " + std::to_string(group.rank()) + ": loading " + dir.string();
   ckpt::pickle::ValuePtr meta;

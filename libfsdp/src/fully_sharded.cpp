@@ -15,6 +15,8 @@
 
 #include "c10d_compat.hpp"
 #include "fsdp/script_module.hpp"
+#include "fsdp/sharded_module.hpp"
+#include "wrap_policy.hpp"
 
 namespace fsdp {
 
@@ -26,60 +28,11 @@ std::string fqn_prefix(const std::string& child, const torch::nn::Module& m) {
   return dynamic_cast<const ScriptModuleImpl*>(&m) ? std::string() : child;
 }
 
-/// One child run under reentrant activation checkpointing: forward without a graph, keeping only
-/// the input; backward runs the child's forward again with grad (and forward's autocast state)
-/// and backpropagates through it, which accumulates the parameters' gradients as usual.
-struct CheckpointedChild : torch::autograd::Function<CheckpointedChild> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, torch::nn::AnyModule* child) {
-    ctx->saved_data["child"] = reinterpret_cast<std::int64_t>(child);
-    // The autocast state of the device the child computes on (its input's).
-    const detail::AutocastState autocast = detail::autocast_state(x.device().type());
-    ctx->saved_data["autocast"] = autocast.enabled;
-    ctx->saved_data["autocast_dtype"] = static_cast<std::int64_t>(autocast.dtype);
-    ctx->save_for_backward({x});
-    return child->forward(x);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
-    auto* child = reinterpret_cast<torch::nn::AnyModule*>(ctx->saved_data["child"].toInt());
-    torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    torch::Tensor out;
-    {
-      torch::AutoGradMode grad_on(true);
-      const bool autocast = ctx->saved_data["autocast"].toBool();
-      const c10::DeviceType device = x.device().type();
-      const detail::AutocastState was = detail::autocast_state(device);
-      detail::set_autocast_state(device, {autocast, static_cast<c10::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
-      out = child->forward(x);
-      detail::set_autocast_state(device, was);
-      if (autocast) at::autocast::clear_cache();
-    }
-    torch::autograd::backward({out}, {grads[0]});
-    return {x.grad(), torch::Tensor()};
-  }
-};
-
-std::int64_t numel_of(const torch::nn::Module& m) {
-  std::int64_t n = 0;
-  for (const auto& p : m.parameters(true)) n += p.numel();
-  return n;
-}
-
-// WrapPolicy::module_types: the module's type name whole, without its namespace, or also without
-// a trailing "Impl".
-bool type_named(const std::set<std::string>& types, const torch::nn::Module& m) {
-  if (types.empty()) return false;
-  const std::string& whole = m.name();
-  std::string_view bare(whole);
-  if (const auto at = bare.rfind("::"); at != std::string_view::npos) bare.remove_prefix(at + 2);
-  std::string_view holder = bare;
-  if (holder.size() > 4 && holder.substr(holder.size() - 4) == "Impl") holder.remove_suffix(4);
-  return types.count(whole) > 0 || types.count(std::string(bare)) > 0 || types.count(std::string(holder)) > 0;
-}
+using detail::numel_of;
 
 bool by_module(const WrapPolicy& p) { return p.min_num_params <= 0 && (p.own_unit || !p.module_types.empty()); }
 bool wraps_whole(const WrapPolicy& p, const std::string& path, const torch::nn::Module& m) {
-  return (p.own_unit && p.own_unit(path)) || type_named(p.module_types, m);
+  return (p.own_unit && p.own_unit(path)) || detail::type_named(p.module_types, m.name());
 }
 
 // Appends the module(s) forward runs for `owner`'s child `index` at `path`: the child, or, when
@@ -152,7 +105,21 @@ ShardingStrategy sharding_strategy_from_string(std::string_view name) {
 FlatUnit::FlatUnit(std::string prefix, torch::nn::Module& module, ProcessGroup& group, ShardingStrategy strategy, ProcessGroup* replicate)
     : FlatUnit(std::vector<std::pair<std::string, torch::nn::Module*>>{{std::move(prefix), &module}}, group, strategy, replicate) {}
 
+namespace {
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(const std::vector<std::pair<std::string, torch::nn::Module*>>& members) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [prefix, module] : members) {
+    for (auto& item : module->named_parameters(/*recurse=*/true)) out.emplace_back(prefix.empty() ? item.key() : prefix + "." + item.key(), item.value());
+  }
+  return out;
+}
+}  // namespace
+
 FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy,
+                   ProcessGroup* replicate)
+    : FlatUnit(named_parameters_of(members), group, strategy, replicate) {}
+
+FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::Tensor>>& params, ProcessGroup& group, ShardingStrategy strategy,
                    ProcessGroup* replicate)
     : group_(group), replicate_(replicate), strategy_(strategy) {
   if ((strategy == ShardingStrategy::kHybridShard) != (replicate != nullptr)) {
@@ -160,30 +127,26 @@ FlatUnit::FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>
   }
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> flat;
-  const std::string name = members.empty() ? std::string() : members.front().first;
+  const std::string name = params.empty() ? std::string() : params.front().first;
   std::optional<c10::ScalarType> dtype;
   std::optional<c10::Device> device;
   std::map<const void*, std::size_t> seen;  // a Parameter met again under another name is an alias
-  for (const auto& [prefix, module] : members) {
-    for (auto& item : module->named_parameters(/*recurse=*/true)) {
-      torch::Tensor p = item.value();
-      std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
-      if (auto it = seen.find(p.unsafeGetTensorImpl()); it != seen.end()) {
-        const Param& first = params_[it->second];
-        params_.push_back({std::move(fqn), p, first.shape, first.offset, first.numel, static_cast<int>(it->second)});
-        continue;
-      }
-      seen.emplace(p.unsafeGetTensorImpl(), params_.size());
-      if (!dtype) dtype = p.scalar_type();
-      if (p.scalar_type() != *dtype) throw Error("unit '" + name + "' mixes parameter dtypes; flatten needs one dtype");
-      if (!device) device = p.device();
-      if (p.device() != *device) {
-        throw Error("unit '" + name + "' has parameters on " + device->str() + " and on " + p.device().str() + "; move the model to one device first");
-      }
-      params_.push_back({std::move(fqn), p, p.sizes().vec(), total_, p.numel()});
-      total_ += p.numel();
-      flat.push_back(p.detach().reshape({-1}));
+  for (const auto& [fqn, p] : params) {
+    if (auto it = seen.find(p.unsafeGetTensorImpl()); it != seen.end()) {
+      const Param& first = params_[it->second];
+      params_.push_back({fqn, p, first.shape, first.offset, first.numel, static_cast<int>(it->second)});
+      continue;
     }
+    seen.emplace(p.unsafeGetTensorImpl(), params_.size());
+    if (!dtype) dtype = p.scalar_type();
+    if (p.scalar_type() != *dtype) throw Error("unit '" + name + "' mixes parameter dtypes; flatten needs one dtype");
+    if (!device) device = p.device();
+    if (p.device() != *device) {
+      throw Error("unit '" + name + "' has parameters on " + device->str() + " and on " + p.device().str() + "; move the model to one device first");
+    }
+    params_.push_back({fqn, p, p.sizes().vec(), total_, p.numel()});
+    total_ += p.numel();
+    flat.push_back(p.detach().reshape({-1}));
   }
   if (params_.empty()) throw Error("unit '" + name + "' has no parameters");
   const std::int64_t world = strategy_ == ShardingStrategy::kNoShard ? 1 : group_.size();
@@ -391,14 +354,21 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Devi
     : FullyShardedSequential(std::move(model), mesh.world(), strategy == ShardingStrategy::kHybridShard ? mesh.shard_group() : mesh.world(),
                              strategy == ShardingStrategy::kHybridShard ? &mesh.replicate_group() : nullptr, strategy, mixed, policy) {}
 
-FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ProcessGroup& shard_group,
-                                               ProcessGroup* replicate, ShardingStrategy strategy, MixedPrecision mixed,
-                                               const WrapPolicy& policy)
-    : model_(std::move(model)), group_(group), shard_group_(shard_group), replicate_(replicate), strategy_(strategy), mixed_(mixed) {
+ShardedModel::ShardedModel(ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate, ShardingStrategy strategy,
+                           MixedPrecision mixed)
+    : group_(group), shard_group_(shard_group), replicate_(replicate), strategy_(strategy), mixed_(mixed) {
   if (strategy == ShardingStrategy::kHybridShard && !replicate) {
     throw Error("HYBRID_SHARD needs a device mesh (replicas x shards): construct with a DeviceMesh");
   }
   if (!mixed_.reduce_dtype) mixed_.reduce_dtype = mixed_.param_dtype;  // FSDP's default
+}
+
+ShardedModel::~ShardedModel() = default;
+
+FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ProcessGroup& shard_group,
+                                               ProcessGroup* replicate, ShardingStrategy strategy, MixedPrecision mixed,
+                                               const WrapPolicy& policy)
+    : ShardedModel(group, shard_group, replicate, strategy, mixed), model_(std::move(model)) {
   cast_buffers(*model_);
   const auto children = model_->named_children();
   for (std::size_t i = 0; i < children.size(); ++i) add_leaves(model_.ptr(), i, children[i].key(), policy, leaves_);
@@ -459,11 +429,7 @@ FullyShardedSequential::FullyShardedSequential(torch::nn::Sequential model, Proc
 
 FullyShardedSequential::FullyShardedSequential(const std::vector<std::pair<std::string, ChildMaker>>& children, ProcessGroup& group,
                                                ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy)
-    : group_(group), shard_group_(group), replicate_(nullptr), strategy_(strategy), mixed_(mixed) {
-  if (strategy == ShardingStrategy::kHybridShard) {
-    throw Error("HYBRID_SHARD needs a device mesh (replicas x shards): construct with a DeviceMesh");
-  }
-  if (!mixed_.reduce_dtype) mixed_.reduce_dtype = mixed_.param_dtype;  // FSDP's default
+    : ShardedModel(group, group, nullptr, strategy, mixed) {
   // NOTE [Deferred initialization]: each child is made when the model reaches it, and a unit is
   // flattened and sharded (its full values freed) as soon as its group is complete, before the
   // next child is made: a rank holds at most the open groups' children unsharded (one unit; under
@@ -525,13 +491,17 @@ FullyShardedSequential::FullyShardedSequential(const std::vector<std::pair<std::
   broadcast_buffers();
 }
 
-FlatUnit& FullyShardedSequential::make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members) {
-  units_.push_back(std::make_unique<FlatUnit>(members, shard_group_, strategy_, replicate_));
+FlatUnit& ShardedModel::make_unit(const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  units_.push_back(std::make_unique<FlatUnit>(params, shard_group_, strategy_, replicate_));
   units_.back()->set_param_dtype(mixed_.param_dtype);
   return *units_.back();
 }
 
-void FullyShardedSequential::cast_buffers(torch::nn::Module& m) {
+FlatUnit& ShardedModel::make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members) {
+  return make_unit(named_parameters_of(members));
+}
+
+void ShardedModel::cast_buffers(torch::nn::Module& m) {
   if (!mixed_.buffer_dtype) return;
   torch::NoGradGuard no_grad;
   for (auto& b : m.buffers(true)) {
@@ -539,7 +509,7 @@ void FullyShardedSequential::cast_buffers(torch::nn::Module& m) {
   }
 }
 
-void FullyShardedSequential::broadcast_buffers() {
+void ShardedModel::broadcast_buffers() {
   torch::NoGradGuard no_grad;
   for (auto& [fqn, b] : buffers()) {
     // Gloo broadcasts no bool: its bytes go as uint8.
@@ -562,7 +532,7 @@ void FullyShardedSequential::broadcast_buffers() {
 // backward goes on to the next unit (as FSDP's runs on its own stream): a unit's reduction is
 // finished (waited for, its slice added to the shard's gradient) when the next unit's starts, so
 // at most one is in flight with its buffers, and the last when backward ends.
-struct FullyShardedSequential::GradState {
+struct ShardedModel::GradState {
   std::vector<FlatUnit*> units;
   std::optional<c10::ScalarType> reduce_dtype;
   bool frees = false;  // FULL_SHARD, HYBRID_SHARD: a reduced unit's gathered parameters go too
@@ -591,17 +561,17 @@ struct FullyShardedSequential::GradState {
 
 namespace {
 struct GradHook : torch::autograd::FunctionPostHook {
-  GradHook(std::weak_ptr<FullyShardedSequential::GradState> s, std::size_t u) : state(std::move(s)), unit(u) {}
+  GradHook(std::weak_ptr<ShardedModel::GradState> s, std::size_t u) : state(std::move(s)), unit(u) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) override {
     if (auto s = state.lock()) s->on_gradient(unit);
     return outputs;
   }
-  std::weak_ptr<FullyShardedSequential::GradState> state;
+  std::weak_ptr<ShardedModel::GradState> state;
   std::size_t unit;
 };
 }  // namespace
 
-void FullyShardedSequential::install_grad_hooks() {
+void ShardedModel::install_grad_hooks() {
   grads_ = std::make_shared<GradState>();
   GradState& g = *grads_;
   g.reduce_dtype = mixed_.reduce_dtype;
@@ -621,9 +591,9 @@ void FullyShardedSequential::install_grad_hooks() {
   }
 }
 
-std::int64_t FullyShardedSequential::reductions_in_backward() const noexcept { return grads_ ? grads_->reductions : 0; }
-void FullyShardedSequential::set_overlap_reduction(bool on) noexcept { grads_->overlap = on; }
-bool FullyShardedSequential::overlap_reduction() const noexcept { return grads_->overlap; }
+std::int64_t ShardedModel::reductions_in_backward() const noexcept { return grads_ ? grads_->reductions : 0; }
+void ShardedModel::set_overlap_reduction(bool on) noexcept { grads_->overlap = on; }
+bool ShardedModel::overlap_reduction() const noexcept { return grads_->overlap; }
 
 void FullyShardedSequential::link_units() {
   install_grad_hooks();
@@ -663,7 +633,7 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
     if (unit) unit->gather();
     if (forward_prefetch_ && next_unit_[i]) next_unit_[i]->prefetch();  // overlaps this child's compute
     if (checkpointed_.size() > i && checkpointed_[i] && x.requires_grad() && torch::GradMode::is_enabled()) {
-      x = CheckpointedChild::apply(x, &child);
+      x = detail::checkpointed({x}, [c = &child](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{c->forward(in[0])}; })[0];
     } else {
       x = child.forward(x);
     }
@@ -685,7 +655,7 @@ torch::Tensor FullyShardedSequential::forward(torch::Tensor x) {
   return x;
 }
 
-void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
+void ShardedModel::backward(const torch::Tensor& loss, bool sync) {
   GradState& state = *grads_;
   state.syncing = sync && reduce_in_backward_;
   state.remaining = state.expected;
@@ -751,7 +721,7 @@ void FullyShardedSequential::backward(const torch::Tensor& loss, bool sync) {
   release();  // every unit, reduced in backward or here: the next forward gathers what the optimizer steps
 }
 
-void FullyShardedSequential::set_prefetch(bool forward, bool backward) {
+void ShardedModel::set_prefetch(bool forward, bool backward) {
   forward_prefetch_ = forward;
   backward_prefetch_ = backward;
 }
@@ -769,7 +739,7 @@ void FullyShardedSequential::set_activation_checkpointing(const WrapPolicy& whic
   }
 }
 
-FullyShardedSequential::Bytes FullyShardedSequential::bytes() const {
+ShardedModel::Bytes ShardedModel::bytes() const {
   Bytes b;
   for (const auto& unit : units_) {
     if (!unit) continue;
@@ -783,13 +753,13 @@ FullyShardedSequential::Bytes FullyShardedSequential::bytes() const {
   return b;
 }
 
-void FullyShardedSequential::release() {
+void ShardedModel::release() {
   for (auto& unit : units_) {
     if (unit) unit->release();
   }
 }
 
-std::vector<torch::Tensor> FullyShardedSequential::parameters() {
+std::vector<torch::Tensor> ShardedModel::parameters() {
   std::vector<torch::Tensor> out;
   for (auto& unit : units_) {
     if (unit) out.push_back(unit->shard());
@@ -797,13 +767,13 @@ std::vector<torch::Tensor> FullyShardedSequential::parameters() {
   return out;
 }
 
-void FullyShardedSequential::offload_shards() {
+void ShardedModel::offload_shards() {
   for (auto& unit : units_) {
     if (unit) unit->offload_shard();
   }
 }
 
-void FullyShardedSequential::visit_full_state(const std::function<void(const std::string&, const torch::Tensor&)>& fn) {
+void ShardedModel::visit_full_state(const std::function<void(const std::string&, const torch::Tensor&)>& fn) {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
     if (!unit) continue;
@@ -825,27 +795,31 @@ void state_order(const torch::nn::Module& m, const std::string& prefix, std::map
 
 }  // namespace
 
-std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::buffers() const {
+std::vector<std::pair<std::string, torch::Tensor>> ShardedModel::buffers() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const Leaf& leaf : leaves_) {
-    const torch::nn::Module& m = *leaf.module().ptr();
-    const std::string prefix = fqn_prefix(leaf.path, m);
-    for (const auto& item : m.named_buffers(true)) out.emplace_back(prefix.empty() ? item.key() : prefix + "." + item.key(), item.value());
+  for (const auto& [prefix, m] : state_roots()) {
+    for (const auto& item : m->named_buffers(true)) out.emplace_back(prefix.empty() ? item.key() : prefix + "." + item.key(), item.value());
   }
   return out;
 }
 
-std::vector<std::string> FullyShardedSequential::in_model_order(std::vector<std::string> fqns) const {
-  std::map<std::string, std::size_t> order;
+std::vector<std::pair<std::string, const torch::nn::Module*>> FullyShardedSequential::state_roots() const {
+  std::vector<std::pair<std::string, const torch::nn::Module*>> out;
   for (const Leaf& leaf : leaves_) {
     const torch::nn::Module& m = *leaf.module().ptr();
-    state_order(m, fqn_prefix(leaf.path, m), order);
+    out.emplace_back(fqn_prefix(leaf.path, m), &m);
   }
+  return out;
+}
+
+std::vector<std::string> ShardedModel::in_model_order(std::vector<std::string> fqns) const {
+  std::map<std::string, std::size_t> order;
+  for (const auto& [prefix, m] : state_roots()) state_order(*m, prefix, order);
   std::stable_sort(fqns.begin(), fqns.end(), [&](const std::string& a, const std::string& b) { return order[a] < order[b]; });
   return fqns;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> FullyShardedSequential::full_state_dict() {
+std::vector<std::pair<std::string, torch::Tensor>> ShardedModel::full_state_dict() {
   std::map<std::string, torch::Tensor> values;
   std::vector<std::string> names;
   visit_full_state([&](const std::string& fqn, const torch::Tensor& value) {

@@ -18,7 +18,7 @@ OptimizerKind optimizer_from_string(std::string_view name) {
 namespace {
 
 // The model's parameters by FQN, each once (a tied weight under its first name), in the model's order.
-std::vector<const FlatUnit::Param*> model_params(const FullyShardedSequential& model) {
+std::vector<const FlatUnit::Param*> model_params(const ShardedModel& model) {
   std::map<std::string, const FlatUnit::Param*> by_name;
   std::vector<std::string> names;
   for (const auto& unit : model.units()) {
@@ -38,7 +38,7 @@ bool trainable(const FlatUnit::Param& p) { return p.tensor.requires_grad(); }
 
 }  // namespace
 
-std::vector<ParamGroup> decay_groups(const FullyShardedSequential& model, double weight_decay,
+std::vector<ParamGroup> decay_groups(const ShardedModel& model, double weight_decay,
                                      const std::function<bool(const std::string& fqn)>& no_decay) {
   ParamGroup decay, rest;
   decay.weight_decay = weight_decay;
@@ -51,7 +51,7 @@ std::vector<ParamGroup> decay_groups(const FullyShardedSequential& model, double
   return {decay, rest};
 }
 
-ShardedOptimizer::ShardedOptimizer(FullyShardedSequential& model, OptimizerOptions options)
+ShardedOptimizer::ShardedOptimizer(ShardedModel& model, OptimizerOptions options)
     : model_(model), options_(std::move(options)), buffers_(model.units().size()) {
   const std::vector<const FlatUnit::Param*> params = model_params(model_);
   std::map<std::string, const FlatUnit::Param*> known;

@@ -159,22 +159,19 @@ c10::Device Strategy::root_device() {
   return *root_device_;
 }
 
-namespace {
-// What a model the strategy wraps gets: the mixed precision its options give (else its
-// precision's), and their policy.
-MixedPrecision mixed_of(const StrategyOptions& o, Precision p) { return o.mixed_precision.value_or(mixed_precision_of(p)); }
-WrapPolicy policy_of(const StrategyOptions& o) { return o.auto_wrap_policy.value_or(WrapPolicy{}); }
-}  // namespace
+MixedPrecision Strategy::mixed() const { return options_.mixed_precision.value_or(mixed_precision_of(precision_)); }
+WrapPolicy Strategy::policy() const { return options_.auto_wrap_policy.value_or(WrapPolicy{}); }
+
+void Strategy::prepare(torch::nn::Module& module) {
+  convert_module(module, precision_);
+  if (root_device().is_cuda()) module.to(root_device());
+}
 
 FullyShardedSequential& Strategy::setup_module(torch::nn::Sequential module) {
-  convert_module(*module, precision_);
-  if (root_device().is_cuda()) module->to(root_device());
-  if (mesh_) {
-    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed_of(options_, precision_), policy_of(options_)));
-  } else {
-    modules_.push_back(std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed_of(options_, precision_), policy_of(options_)));
-  }
-  return adopt();
+  prepare(*module);
+  std::unique_ptr<FullyShardedSequential> m = mesh_ ? std::make_unique<FullyShardedSequential>(std::move(module), *mesh_, sharding_, mixed(), policy())
+                                                    : std::make_unique<FullyShardedSequential>(std::move(module), group(), sharding_, mixed(), policy());
+  return static_cast<FullyShardedSequential&>(adopt(std::move(m)));
 }
 
 FullyShardedSequential& Strategy::setup_module(const std::vector<std::pair<std::string, ChildMaker>>& children) {
@@ -189,8 +186,7 @@ FullyShardedSequential& Strategy::setup_module(const std::vector<std::pair<std::
       return m;
     };
   }
-  modules_.push_back(std::make_unique<FullyShardedSequential>(made_there, group(), sharding_, mixed_of(options_, precision_), policy_of(options_)));
-  return adopt();
+  return static_cast<FullyShardedSequential&>(adopt(std::make_unique<FullyShardedSequential>(made_there, group(), sharding_, mixed(), policy())));
 }
 
 FullyShardedSequential& Strategy::setup_module(std::unique_ptr<FullyShardedSequential> wrapped) {
@@ -200,12 +196,12 @@ FullyShardedSequential& Strategy::setup_module(std::unique_ptr<FullyShardedSeque
     warn("A FSDP auto_wrap_policy is set, but the model is already wrapped. The policy will be ignored.");
     options_.auto_wrap_policy.reset();
   }
-  modules_.push_back(std::move(wrapped));
-  return adopt();
+  return static_cast<FullyShardedSequential&>(adopt(std::move(wrapped)));
 }
 
-FullyShardedSequential& Strategy::adopt() {
-  FullyShardedSequential& m = *modules_.back();
+ShardedModel& Strategy::adopt(std::unique_ptr<ShardedModel> model) {
+  modules_.push_back(std::move(model));
+  ShardedModel& m = *modules_.back();
   if (options_.cpu_offload.offload_params && root_device().is_cuda()) m.offload_shards();  // on the CPU it has no effect (warned)
   m.set_prefetch(options_.forward_prefetch, options_.backward_prefetch);
   if (options_.overlap_reduction) m.set_overlap_reduction(*options_.overlap_reduction);
@@ -310,7 +306,7 @@ bool is_sharded_checkpoint(const fs::path& p) { return fs::is_directory(p) && fs
 
 struct Split {
   std::string model_key;
-  FullyShardedSequential* model = nullptr;
+  ShardedModel* model = nullptr;
   std::vector<NamedOptimizer> optimizers;  ///< in the state's order
   std::vector<std::string> other;  ///< the keys of every other value
 };
@@ -319,7 +315,7 @@ Split split(const State& state, const char* verb) {
   Split s;
   int models = 0;
   for (const auto& [key, item] : state) {
-    if (auto* m = std::get_if<FullyShardedSequential*>(&item)) {
+    if (auto* m = std::get_if<ShardedModel*>(&item)) {
       ++models;
       s.model_key = key;
       s.model = *m;
@@ -440,11 +436,11 @@ pk::ValuePtr Strategy::load_checkpoint(const fs::path& path, State& state, bool 
   return pk::make_dict(std::move(rest));
 }
 
-void Strategy::load_checkpoint(const fs::path& path, FullyShardedSequential& module, bool strict) {
+void Strategy::load_checkpoint(const fs::path& path, ShardedModel& module, bool strict) {
   load_weights(path, module, {}, {}, strict);
 }
 
-void Strategy::load_weights(const fs::path& path, FullyShardedSequential& module, const std::string& key,
+void Strategy::load_weights(const fs::path& path, ShardedModel& module, const std::string& key,
                             const std::vector<std::string>& renames, bool strict) {
   LoadOptions o;
   o.model_key = key;

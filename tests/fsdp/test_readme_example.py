@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 p = argparse.ArgumentParser()
 p.add_argument("--example", required=True)
@@ -15,11 +16,11 @@ p.add_argument("--inspect", required=True)
 a = p.parse_args()
 root = os.path.join(os.path.dirname(__file__), "..", "..")
 source = open(os.path.join(os.path.dirname(__file__), "readme_example.cpp")).read()
-snippet = source.split("// README begin\n")[1].split("  // README end")[0]
-code = "\n".join(line[2:] if line.startswith("  ") else line for line in snippet.splitlines())
+blocks = re.findall(r"// README begin\n(.*?)\n *// README end", source, re.S)
+code = "\n\n".join(textwrap.dedent(b) for b in blocks)
 readme = open(os.path.join(root, "README.md")).read()
 if code.strip() not in readme:
-    sys.exit("README.md does not show tests/fsdp/readme_example.cpp's code (between its README markers) as it is")
+    sys.exit("README.md does not show tests/fsdp/readme_example.cpp's code (between its README markers, one part after the other) as it is")
 with tempfile.TemporaryDirectory(prefix="fsdp-readme-") as d:
     ckpt = os.path.join(d, "ckpt")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}

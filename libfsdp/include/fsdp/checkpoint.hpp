@@ -49,7 +49,7 @@ struct SaveOptions {
 /// A checkpoint already at `dir` stays whole until the new one is; every rank writes its files,
 /// and after a barrier rank 0 writes .metadata last, so that the directory is a checkpoint only
 /// once it is whole. A collective: every rank calls it. Throws fsdp::Error.
-void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
+void save_sharded(const std::filesystem::path& dir, ShardedModel& model, ProcessGroup& group, const SaveOptions& options = {});
 
 /// Saves `model`'s full state dict (FSDP's FULL_STATE_DICT) as one torch.save file, written by
 /// rank 0 alone (atomically: a temporary file renamed into place), laid out as Lightning's full
@@ -58,7 +58,7 @@ void save_sharded(const std::filesystem::path& dir, FullyShardedSequential& mode
 /// `step`, the buffers; `param_groups`). Every rank gathers (a collective), one unit at a time
 /// as rank 0's file needs it: rank 0 holds about one unit's full values at a time, never the whole
 /// state. Throws fsdp::Error.
-void save_full(const std::filesystem::path& file, FullyShardedSequential& model, ProcessGroup& group, const SaveOptions& options = {});
+void save_full(const std::filesystem::path& file, ShardedModel& model, ProcessGroup& group, const SaveOptions& options = {});
 
 struct LoadOptions {
   /// The key the model's entries sit under: `<model_key>.<parameter>`. Empty: the checkpoint is
@@ -90,7 +90,7 @@ struct LoadOptions {
 /// is cast as copy_ casts. Returns the object `meta.pt` holds (null when there is none). Throws
 /// fsdp::Error naming the file and what is wrong. Collective-free (each rank reads for itself),
 /// but every rank must call it before the next forward.
-ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, FullyShardedSequential& model, ProcessGroup& group,
+ckpt::pickle::ValuePtr load_sharded(const std::filesystem::path& dir, ShardedModel& model, ProcessGroup& group,
                                     const LoadOptions& options = {});
 
 }  // namespace fsdp

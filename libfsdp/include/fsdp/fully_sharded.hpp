@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fully sharded data parallelism over a torch::nn::Sequential (DESIGN.md "libfsdp"): the
-// children with parameters (or, inside the Chains a policy opens, theirs) are grouped into FSDP
-// units by a wrap policy (by default each child is one). A unit's parameters are flattened into
-// one buffer, padded to a multiple of the group size, and each rank keeps its slice: the leaf the optimizer steps. Before a
-// unit runs forward its parameters are all-gathered into the module (the module's own Parameters
-// are pointed at views of the gathered buffer); FULL_SHARD frees them after forward and gathers
-// them again when the unit's backward starts (a hook on its output), SHARD_GRAD_OP keeps them
-// until backward ends, NO_SHARD never shards (every rank holds everything, gradients are
-// all-reduced, as DDP). backward() runs the loss's backward, during which each unit's gradients
-// (their average over ranks) are reduce-scattered into its slice's grad as soon as backward has
-// them all, and the unit's full gradients freed.
+// Fully sharded data parallelism (DESIGN.md "libfsdp"): a model's parameters are grouped into FSDP
+// units (FlatUnit). A unit's parameters are flattened into one buffer, padded to a multiple of the
+// group size, and each rank keeps its slice: the leaf the optimizer steps. Before a unit runs
+// forward its parameters are all-gathered into the module (the module's own Parameters are pointed
+// at views of the gathered buffer); FULL_SHARD frees them after forward and gathers them again when
+// the unit's backward starts (a hook on its output), SHARD_GRAD_OP keeps them until backward ends,
+// NO_SHARD never shards (every rank holds everything, gradients are all-reduced, as DDP).
+// backward() runs the loss's backward, during which each unit's gradients (their average over
+// ranks) are reduce-scattered into its slice's grad as soon as backward has them all, and the
+// unit's full gradients freed.
+//
+// ShardedModel is what goes by the units; here its subclass FullyShardedSequential runs a
+// torch::nn::Sequential's children in turn (a wrap policy groups them into units, by default one
+// each), and fsdp/sharded_module.hpp's FullyShardedModule shards any module through the
+// fsdp::Sharded submodules its own forward calls.
 #pragma once
 
 #include <torch/nn/modules/container/sequential.h>
@@ -62,6 +66,9 @@ class FlatUnit {
            ProcessGroup* replicate = nullptr);
   /// One unit over several modules, each under its prefix (a wrap policy's group).
   FlatUnit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members, ProcessGroup& group, ShardingStrategy strategy,
+           ProcessGroup* replicate = nullptr);
+  /// One unit over these parameters, by FQN; a Parameter met again under another name is an alias.
+  FlatUnit(const std::vector<std::pair<std::string, torch::Tensor>>& params, ProcessGroup& group, ShardingStrategy strategy,
            ProcessGroup* replicate = nullptr);
 
   /// Points the module's parameters at the full values (all-gathered unless already there), in
@@ -187,29 +194,17 @@ struct WrapPolicy {
   std::int64_t min_num_params = 0;
 };
 
-/// Makes one child of a model (FullyShardedSequential's deferred initialization).
-using ChildMaker = std::function<torch::nn::AnyModule()>;
-
-class FullyShardedSequential {
+/// The units of a model and what goes by them: backward with its reductions, the shards the
+/// optimizer steps, the state dict, prefetching and offloading. How a model's forward reaches its
+/// units is the subclass's: FullyShardedSequential runs its children in turn, FullyShardedModule
+/// (fsdp/sharded_module.hpp) lets the module's own forward run and its Sharded submodules gather
+/// themselves. Checkpoints and optimizers take any ShardedModel.
+class ShardedModel {
  public:
-  /// Sharded over every rank of `group` (HYBRID_SHARD needs the other constructor: throws fsdp::Error).
-  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {},
-                         const WrapPolicy& policy = {});
-  /// FSDP's deferred initialization (Fabric's init_module(empty_init=True), a model built on the
-  /// meta device and materialized unit by unit): the model as its children's makers, called in
-  /// order, each unit sharded and its full values freed as soon as its children are made, so no
-  /// rank ever holds the whole model unsharded. Made in order from a seeded generator, the values
-  /// equal the whole model's. A child that shares a Parameter with a unit made already (a tied
-  /// head) cannot join it: throws fsdp::Error. Not HYBRID_SHARD.
-  FullyShardedSequential(const std::vector<std::pair<std::string, ChildMaker>>& children, ProcessGroup& group, ShardingStrategy strategy,
-                         MixedPrecision mixed = {}, const WrapPolicy& policy = {});
-  /// HYBRID_SHARD over `mesh` (sharded within each replica, replicated across); any other
-  /// strategy shards over the mesh's whole world as the first constructor does.
-  FullyShardedSequential(torch::nn::Sequential model, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed = {},
-                         const WrapPolicy& policy = {});
+  virtual ~ShardedModel();
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
 
-  /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
-  torch::Tensor forward(torch::Tensor input);
   /// loss.backward(), each unit's gradients reduce-scattered into its shard as soon as backward has
   /// them all (set_reduce_in_backward); what backward did not reduce goes after it in one
   /// collective (a bucket laid out rank by rank, each rank's part the units' slices in order),
@@ -224,16 +219,16 @@ class FullyShardedSequential {
   /// every rank, a collective, so every rank calls it.
   std::vector<std::pair<std::string, torch::Tensor>> full_state_dict();
   /// The modules' buffers by FQN (BatchNorm's running statistics, ...), the tensors themselves, in
-  /// leaf order. FSDP leaves buffers unsharded: each rank holds its own, all equal to rank 0's when
-  /// the model is made (FSDP's sync_module_states), and a state dict holds rank 0's. LibTorch has
-  /// no non-persistent buffers: every one is in the state dict.
+  /// the model's order. FSDP leaves buffers unsharded: each rank holds its own, all equal to rank
+  /// 0's when the model is made (FSDP's sync_module_states), and a state dict holds rank 0's.
+  /// LibTorch has no non-persistent buffers: every one is in the state dict.
   std::vector<std::pair<std::string, torch::Tensor>> buffers() const;
   /// The same one unit at a time, in the units' order: `fn(fqn, full value)` for each parameter of
   /// a unit, whose full values are freed before the next unit is gathered (what a sharded save
   /// needs: never the whole model at once). A collective.
   void visit_full_state(const std::function<void(const std::string& fqn, const torch::Tensor& value)>& fn);
   /// `fqns` (parameters' and buffers' names) sorted in the model's order, full_state_dict()'s (a
-  /// wrap policy's root unit holds leaves from both ends, so it is not the units' order).
+  /// root unit holds leaves from both ends, so it is not the units' order).
   std::vector<std::string> in_model_order(std::vector<std::string> fqns) const;
   /// Bytes of parameters and gradients this rank holds between steps (its shards and their
   /// gradients), and of the whole model's parameters unsharded: that sharding is real.
@@ -245,15 +240,14 @@ class FullyShardedSequential {
   /// next forward gathers what the optimizer has stepped since).
   void release();
 
-  /// Activation checkpointing (reentrant, as torch.utils.checkpoint's default): the modules run
-  /// (leaves()) whose path `which` accepts keep no activations from forward but their input, and
-  /// run forward again (under the autocast state forward had) when their backward comes. Only
-  /// modules whose input requires grad (not the first, the embedding of tokens) are checkpointed.
-  void set_activation_checkpointing(std::function<bool(const std::string& path)> which);
-  /// The same, the modules chosen as a WrapPolicy chooses units: by path (own_unit), by type name
-  /// (module_types), or those holding at least min_num_params parameters. Only modules forward
-  /// runs are chosen: one inside a Chain the wrap policy left whole is run by the Chain.
-  void set_activation_checkpointing(const WrapPolicy& which);
+  /// Activation checkpointing (reentrant, as torch.utils.checkpoint's default, the RNG state
+  /// restored for the recompute as its preserve_rng_state does): the modules `which` chooses, as a
+  /// WrapPolicy chooses units (by path, own_unit; by type name, module_types; or those holding at
+  /// least min_num_params parameters), keep no activations from forward but their inputs, and run
+  /// forward again (under the autocast state forward had) when their backward comes. A module runs
+  /// checkpointed only when one of its tensor inputs requires grad (not the first, the embedding of
+  /// tokens). Which modules can be chosen is the subclass's.
+  virtual void set_activation_checkpointing(const WrapPolicy& which) = 0;
 
   /// FSDP's prefetching: `backward` (BACKWARD_PRE, on by default as FSDP's) starts gathering the
   /// unit whose backward comes next when a unit's backward starts; `forward` (forward_prefetch,
@@ -279,6 +273,71 @@ class FullyShardedSequential {
   /// How many unit reductions backward has made so far (tests: that the hooks run).
   std::int64_t reductions_in_backward() const noexcept;
 
+  struct GradState;  ///< NOTE [Gradients reduced in backward] in fully_sharded.cpp
+
+  ShardingStrategy strategy() const noexcept { return strategy_; }
+  /// Every rank.
+  ProcessGroup& group() noexcept { return group_; }
+  /// The ranks a unit is sharded over: group() except under HYBRID_SHARD (the replica's ranks).
+  ProcessGroup& shard_group() noexcept { return shard_group_; }
+  const ProcessGroup& shard_group() const noexcept { return shard_group_; }
+  const std::vector<std::unique_ptr<FlatUnit>>& units() const noexcept { return units_; }
+
+ protected:
+  /// HYBRID_SHARD needs `replicate` (throws fsdp::Error without it).
+  ShardedModel(ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate, ShardingStrategy strategy, MixedPrecision mixed);
+  /// Where the state dict's names come from: modules under FQN prefixes ("" for the root).
+  virtual std::vector<std::pair<std::string, const torch::nn::Module*>> state_roots() const = 0;
+
+  /// One unit over these parameters, by FQN (a Parameter met again is an alias), in the param dtype.
+  FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::Tensor>>& params);
+  FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members);
+  void cast_buffers(torch::nn::Module& m);  ///< to MixedPrecision's buffer_dtype
+  void broadcast_buffers();                 ///< rank 0's to every rank
+  void install_grad_hooks();                ///< once the units are made
+
+  ProcessGroup& group_;
+  ProcessGroup& shard_group_;
+  ProcessGroup* replicate_;
+  ShardingStrategy strategy_;
+  MixedPrecision mixed_;
+  std::vector<std::unique_ptr<FlatUnit>> units_;
+  bool forward_prefetch_ = false, backward_prefetch_ = true;
+  bool reduce_in_backward_ = true;
+  std::shared_ptr<GradState> grads_;
+};
+
+/// Makes one child of a model (FullyShardedSequential's deferred initialization).
+using ChildMaker = std::function<torch::nn::AnyModule()>;
+
+/// A Sequential's children run in turn, each unit gathered before its first child runs.
+class FullyShardedSequential final : public ShardedModel {
+ public:
+  /// Sharded over every rank of `group` (HYBRID_SHARD needs the other constructor: throws fsdp::Error).
+  FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {},
+                         const WrapPolicy& policy = {});
+  /// FSDP's deferred initialization (Fabric's init_module(empty_init=True), a model built on the
+  /// meta device and materialized unit by unit): the model as its children's makers, called in
+  /// order, each unit sharded and its full values freed as soon as its children are made, so no
+  /// rank ever holds the whole model unsharded. Made in order from a seeded generator, the values
+  /// equal the whole model's. A child that shares a Parameter with a unit made already (a tied
+  /// head) cannot join it: throws fsdp::Error. Not HYBRID_SHARD.
+  FullyShardedSequential(const std::vector<std::pair<std::string, ChildMaker>>& children, ProcessGroup& group, ShardingStrategy strategy,
+                         MixedPrecision mixed = {}, const WrapPolicy& policy = {});
+  /// HYBRID_SHARD over `mesh` (sharded within each replica, replicated across); any other
+  /// strategy shards over the mesh's whole world as the first constructor does.
+  FullyShardedSequential(torch::nn::Sequential model, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed = {},
+                         const WrapPolicy& policy = {});
+
+  /// Runs the model, each unit gathered before it runs (and, FULL_SHARD, freed after).
+  torch::Tensor forward(torch::Tensor input);
+
+  /// Activation checkpointing of the modules run (leaves()) whose path `which` accepts.
+  void set_activation_checkpointing(std::function<bool(const std::string& path)> which);
+  /// The same, the leaves chosen as a WrapPolicy chooses units. Only modules forward runs are
+  /// chosen: one inside a Chain the wrap policy left whole is run by the Chain.
+  void set_activation_checkpointing(const WrapPolicy& which) override;
+
   /// One module forward runs in turn: a child of the model, or of a Chain the wrap policy opened
   /// (WrapPolicy).
   struct Leaf {
@@ -290,42 +349,20 @@ class FullyShardedSequential {
   /// The modules forward runs, in order.
   const std::vector<Leaf>& leaves() const noexcept { return leaves_; }
 
-  struct GradState;  ///< NOTE [Gradients reduced in backward] in fully_sharded.cpp
-
-  ShardingStrategy strategy() const noexcept { return strategy_; }
-  /// Every rank.
-  ProcessGroup& group() noexcept { return group_; }
-  /// The ranks a unit is sharded over: group() except under HYBRID_SHARD (the replica's ranks).
-  ProcessGroup& shard_group() noexcept { return shard_group_; }
-  const ProcessGroup& shard_group() const noexcept { return shard_group_; }
-  const std::vector<std::unique_ptr<FlatUnit>>& units() const noexcept { return units_; }
-
  private:
   FullyShardedSequential(torch::nn::Sequential model, ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate,
                          ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy);
 
-  void install_grad_hooks();
-  FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members);
-  void cast_buffers(torch::nn::Module& m);  ///< to MixedPrecision's buffer_dtype
-  void broadcast_buffers();                 ///< rank 0's to every rank
+  std::vector<std::pair<std::string, const torch::nn::Module*>> state_roots() const override;
   void link_units();  ///< prefetch neighbours, unit ends and the final unit, from leaf_unit_
 
   torch::nn::Sequential model_;
-  ProcessGroup& group_;
-  ProcessGroup& shard_group_;
-  ProcessGroup* replicate_;
-  ShardingStrategy strategy_;
-  MixedPrecision mixed_;
   std::vector<Leaf> leaves_;
   std::vector<bool> checkpointed_;  ///< per leaf
-  std::vector<std::unique_ptr<FlatUnit>> units_;  ///< in the order of their first leaf
   std::vector<FlatUnit*> leaf_unit_;              ///< per leaf: its unit, or nullptr (no parameters)
   std::vector<bool> ends_unit_;                   ///< per leaf: the last leaf of its unit
   std::vector<FlatUnit*> next_unit_, prev_unit_;  ///< per leaf: the nearest other unit after it, before it
-  bool forward_prefetch_ = false, backward_prefetch_ = true;
   FlatUnit* final_unit_ = nullptr;                ///< the unit whose last leaf runs last
-  bool reduce_in_backward_ = true;
-  std::shared_ptr<GradState> grads_;
 };
 
 }  // namespace fsdp

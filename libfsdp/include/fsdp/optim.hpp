@@ -49,7 +49,7 @@ struct OptimizerOptions {
 /// `no_decay` does not name decay at `weight_decay`, the others (biases, norm weights, and what
 /// `no_decay` names) at 0; in that order, each in the model's order. Frozen parameters are in
 /// neither.
-std::vector<ParamGroup> decay_groups(const FullyShardedSequential& model, double weight_decay,
+std::vector<ParamGroup> decay_groups(const ShardedModel& model, double weight_decay,
                                      const std::function<bool(const std::string& fqn)>& no_decay);
 
 class ShardedOptimizer {
@@ -64,7 +64,7 @@ class ShardedOptimizer {
 
   /// Throws fsdp::Error for a group naming a parameter the model lacks, or one already in an
   /// earlier group.
-  ShardedOptimizer(FullyShardedSequential& model, OptimizerOptions options);
+  ShardedOptimizer(ShardedModel& model, OptimizerOptions options);
 
   /// Clears every shard's gradient.
   void zero_grad();
@@ -111,7 +111,7 @@ class ShardedOptimizer {
   torch::Tensor& buffer(std::size_t unit, const std::string& name);
   /// Bytes of optimizer state this rank holds (its buffers, laid out as its shards).
   std::int64_t state_bytes() const;
-  FullyShardedSequential& model() noexcept { return model_; }
+  ShardedModel& model() noexcept { return model_; }
 
  private:
   /// A run of a unit's slice whose elements are all stepped in one group: [begin, begin + length)
@@ -123,7 +123,7 @@ class ShardedOptimizer {
   /// A group's lr for a schedule's `lr`.
   double scaled(const Group& g, double lr) const noexcept { return options_.lr > 0 ? lr * g.initial_lr / options_.lr : g.initial_lr; }
 
-  FullyShardedSequential& model_;
+  ShardedModel& model_;
   OptimizerOptions options_;
   std::int64_t steps_ = 0;
   bool scheduled_ = false;

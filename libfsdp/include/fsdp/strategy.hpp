@@ -36,6 +36,7 @@
 #include "fsdp/optim.hpp"
 #include "fsdp/process_group.hpp"
 #include "fsdp/scheduler.hpp"
+#include "fsdp/sharded_module.hpp"
 
 namespace fsdp {
 
@@ -102,7 +103,7 @@ bool set_num_threads(int threads);
 /// that saves itself as a value (a LambdaLR: its state_dict() is saved, and a load gives it the
 /// saved value through load_state_dict()), or any other value. Values go to meta.pt, or to the
 /// top level of a full checkpoint.
-using StateItem = std::variant<FullyShardedSequential*, ShardedOptimizer*, Stateful*, ckpt::pickle::ValuePtr>;
+using StateItem = std::variant<ShardedModel*, ShardedOptimizer*, Stateful*, ckpt::pickle::ValuePtr>;
 using State = std::map<std::string, StateItem>;
 /// Lightning's filter: for a state key, which of its entries to save (the model's by parameter
 /// FQN, a dict value's by key). Full checkpoints only.
@@ -140,6 +141,17 @@ class Strategy {
   /// seed leaves an FSDP-wrapped module. An auto_wrap_policy is then ignored, with the seed's
   /// warning; prefetching and activation checkpointing are applied. The strategy takes it over.
   FullyShardedSequential& setup_module(std::unique_ptr<FullyShardedSequential> wrapped);
+  /// Any module: its fsdp::Sharded submodules are units as the auto_wrap_policy chooses (all of
+  /// them without one), the root unit holds the rest (FullyShardedModule); under a *-true
+  /// precision the module is converted first.
+  template <class Impl>
+  FullyShardedModule<Impl>& setup_module(std::shared_ptr<Impl> module) {
+    group();
+    prepare(*module);
+    auto wrapped = mesh_ ? std::make_unique<FullyShardedModule<Impl>>(std::move(module), *mesh_, sharding_, mixed(), policy())
+                         : std::make_unique<FullyShardedModule<Impl>>(std::move(module), group(), sharding_, mixed(), policy());
+    return static_cast<FullyShardedModule<Impl>&>(adopt(std::move(wrapped)));
+  }
   /// An optimizer over the model's shards (setup_module first). The strategy owns it.
   ShardedOptimizer& setup_optimizer(const OptimizerOptions& options);
   /// Checks that a torch optimizer steps the model's shards: one made before setup_module (over
@@ -190,12 +202,12 @@ class Strategy {
   /// The seed's load_checkpoint(path, module): `path` holds the module's own state dict, in any
   /// format libckpt reads (torch.save(model.state_dict()), a safetensors file, a Hugging Face
   /// folder, a DCP directory); load_weights with that key and those renames.
-  void load_checkpoint(const std::filesystem::path& path, FullyShardedSequential& module, bool strict = true);
+  void load_checkpoint(const std::filesystem::path& path, ShardedModel& module, bool strict = true);
   /// Weights for `module`, nothing else (fine-tuning from pretrained weights): the tensors of
   /// `path` below `key` (empty: all of them, a module's own state dict), renamed by `renames`
   /// (s/REGEX/REPLACEMENT/[g], in order), matched with the module's FQNs; strict as
   /// load_checkpoint. Each rank reads for itself; every rank calls it.
-  void load_weights(const std::filesystem::path& path, FullyShardedSequential& module, const std::string& key = {},
+  void load_weights(const std::filesystem::path& path, ShardedModel& module, const std::string& key = {},
                     const std::vector<std::string>& renames = {}, bool strict = true);
 
   const StrategyOptions& options() const noexcept { return options_; }
@@ -209,7 +221,12 @@ class Strategy {
  private:
   void warn(const std::string& message);
   /// The newest model: prefetching and activation checkpointing set as the options say.
-  FullyShardedSequential& adopt();
+  ShardedModel& adopt(std::unique_ptr<ShardedModel> model);
+  /// What a model the strategy wraps gets: converted to the precision and moved to the root device;
+  /// the mixed precision the options give (else the precision's), and their policy.
+  void prepare(torch::nn::Module& module);
+  MixedPrecision mixed() const;
+  WrapPolicy policy() const;
 
   StrategyOptions options_;
   c10::DeviceType device_type_ = c10::DeviceType::CPU;  ///< the accelerator's
@@ -219,7 +236,7 @@ class Strategy {
   std::unique_ptr<ProcessGroup> owned_group_;
   ProcessGroup* group_ = nullptr;
   std::unique_ptr<DeviceMesh> mesh_;
-  std::vector<std::unique_ptr<FullyShardedSequential>> modules_;
+  std::vector<std::unique_ptr<ShardedModel>> modules_;
   std::vector<std::unique_ptr<ShardedOptimizer>> optimizers_;
   std::map<const ShardedOptimizer*, std::unique_ptr<ShardedGradScaler>> scalers_;  ///< 16-mixed
   std::filesystem::path store_;  ///< the FileStore of a world of one, removed at the end

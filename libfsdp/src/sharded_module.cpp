@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "fsdp/sharded_module.hpp"
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "c10d_compat.hpp"
+#include "fsdp/error.hpp"
+#include "wrap_policy.hpp"
+
+namespace fsdp {
+
+namespace detail {
+namespace {
+
+struct RngState {
+  c10::Device device;
+  at::Tensor state;
+};
+
+// The generators' states of the CPU and of every device an input is on.
+std::vector<RngState> rng_states(const std::vector<torch::Tensor>& inputs) {
+  std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
+  for (const torch::Tensor& t : inputs) {
+    if (t.defined() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) devices.push_back(t.device());
+  }
+  std::vector<RngState> out;
+  for (const c10::Device& d : devices) {
+    at::Generator g = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    out.push_back({d, g.get_state()});
+  }
+  return out;
+}
+
+void set_rng_states(const std::vector<RngState>& states) {
+  for (const RngState& s : states) {
+    at::Generator g = at::globalContext().defaultGenerator(s.device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(s.state);
+  }
+}
+
+// The backward of a checkpointed call (detail::checkpointed).
+struct RecomputeBackward : torch::autograd::Node {
+  Recompute run;
+  std::vector<torch::Tensor> inputs;
+  std::vector<RngState> rng;
+  c10::DeviceType device = c10::DeviceType::CPU;  // where autocast applied: the first input's
+  AutocastState autocast;
+  std::vector<std::size_t> output_at;  // per input of this node: which output of `run` it is
+
+  std::string name() const override { return "fsdp::RecomputeBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (!run) throw Error("a checkpointed module's backward ran twice (retain_graph is not supported with activation checkpointing)");
+    std::vector<torch::Tensor> detached;
+    for (const torch::Tensor& t : inputs) detached.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
+    std::vector<torch::Tensor> outputs;
+    {
+      const std::vector<RngState> now = rng_states(inputs);  // torch.random.fork_rng
+      set_rng_states(rng);
+      const AutocastState was = autocast_state(device);
+      set_autocast_state(device, autocast);
+      torch::AutoGradMode grad_on(true);
+      try {
+        outputs = run(detached);
+      } catch (...) {
+        set_autocast_state(device, was);
+        set_rng_states(now);
+        throw;
+      }
+      set_autocast_state(device, was);
+      if (autocast.enabled) at::autocast::clear_cache();
+      set_rng_states(now);
+    }
+    std::vector<torch::Tensor> roots, root_grads;
+    for (std::size_t i = 0; i < output_at.size(); ++i) {
+      const torch::Tensor& out = outputs.at(output_at[i]);
+      if (grads[i].defined() && out.requires_grad()) {
+        roots.push_back(out);
+        root_grads.push_back(grads[i]);
+      }
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    torch::autograd::variable_list out;
+    for (const torch::Tensor& t : detached) out.push_back(t.defined() && t.requires_grad() ? t.grad() : torch::Tensor());
+    return out;
+  }
+
+  void release_variables() override {
+    run = nullptr;
+    inputs.clear();
+  }
+};
+
+}  // namespace
+
+std::vector<torch::Tensor> checkpointed(const std::vector<torch::Tensor>& inputs, Recompute run) {
+  std::shared_ptr<RecomputeBackward> node(new RecomputeBackward(), torch::autograd::deleteNode);
+  node->rng = rng_states(inputs);
+  for (const torch::Tensor& t : inputs) {
+    if (t.defined()) {
+      node->device = t.device().type();
+      break;
+    }
+  }
+  node->autocast = autocast_state(node->device);
+  std::vector<torch::Tensor> outputs;
+  {
+    torch::NoGradGuard no_grad;
+    outputs = run(inputs);
+  }
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    torch::Tensor& out = outputs[i];
+    if (!out.defined() || !(out.is_floating_point() || out.is_complex())) continue;
+    out = out.detach();  // an input returned as it is stays the caller's own tensor
+    torch::autograd::create_gradient_edge(out, node);
+    node->output_at.push_back(i);
+  }
+  node->inputs = inputs;
+  node->run = std::move(run);
+  return outputs;
+}
+
+void UnitPoint::enter() { model_->enter(index_); }
+
+bool UnitPoint::checkpointing(const std::vector<torch::Tensor>& inputs) const {
+  if (!model_->points_[index_].checkpointed || !torch::GradMode::is_enabled()) return false;
+  return std::any_of(inputs.begin(), inputs.end(), [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); });
+}
+
+void UnitPoint::leave(const std::vector<torch::Tensor>& outputs) { model_->leave(index_, outputs); }
+
+}  // namespace detail
+
+namespace {
+
+using detail::numel_of;
+
+// Whether the policy makes (or checkpoints) this point, by path, by the wrapped type's name, or
+// by size; the default policy takes every point.
+bool chosen(const WrapPolicy& policy, const std::string& path, const detail::UnitPoint& point, const torch::nn::Module& m) {
+  if (policy.min_num_params > 0) return numel_of(m) >= policy.min_num_params;
+  if (!policy.own_unit && policy.module_types.empty()) return true;
+  return (policy.own_unit && policy.own_unit(path)) || detail::type_named(policy.module_types, point.type_name());
+}
+
+}  // namespace
+
+ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed,
+                             const WrapPolicy& policy)
+    : ShardedModule(std::move(root), mesh.world(), strategy == ShardingStrategy::kHybridShard ? mesh.shard_group() : mesh.world(),
+                    strategy == ShardingStrategy::kHybridShard ? &mesh.replicate_group() : nullptr, strategy, mixed, policy) {}
+
+ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate,
+                             ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy)
+    : ShardedModel(group, shard_group, replicate, strategy, mixed), root_(std::move(root)) {
+  cast_buffers(*root_);
+  // The points, outermost first (named_modules' order), and which are units.
+  for (const auto& item : root_->named_modules("", /*include_self=*/false)) {
+    auto* point = dynamic_cast<detail::UnitPoint*>(item.value().get());
+    if (!point) continue;
+    if (point->model_) throw Error("'" + item.key() + "' is sharded by another model already");
+    points_.push_back({item.key(), item.value().get(), nullptr, false});
+  }
+  // Each parameter joins the unit of the innermost point above it that is a unit, else the root's;
+  // a Parameter reached from two units (a weight tied across them) joins the root's, which is
+  // gathered whenever either runs.
+  std::vector<int> owner_of_point(points_.size(), -1);  // point -> unit number
+  std::vector<std::size_t> unit_point;                   // unit number -> point
+  for (std::size_t i = 0; i < points_.size(); ++i) {
+    const auto* point = dynamic_cast<const detail::UnitPoint*>(points_[i].module);
+    if (chosen(policy, points_[i].path, *point, *points_[i].module) && numel_of(*points_[i].module) > 0) {
+      owner_of_point[i] = static_cast<int>(unit_point.size());
+      unit_point.push_back(i);
+    }
+  }
+  const auto params = root_->named_parameters(/*recurse=*/true);
+  std::vector<int> owner(params.size(), -1);  // -1: the root's
+  std::map<const void*, int> owner_of_tensor;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const std::string& fqn = params[k].key();
+    std::size_t best = 0;
+    for (std::size_t i = 0; i < points_.size(); ++i) {
+      const std::string& path = points_[i].path;
+      if (owner_of_point[i] >= 0 && path.size() >= best && fqn.size() > path.size() && fqn.compare(0, path.size(), path) == 0 &&
+          fqn[path.size()] == '.') {
+        best = path.size();
+        owner[k] = owner_of_point[i];
+      }
+    }
+    auto [it, fresh] = owner_of_tensor.emplace(params[k].value().unsafeGetTensorImpl(), owner[k]);
+    if (!fresh && it->second != owner[k]) it->second = -1;
+  }
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (owner_of_tensor.at(params[k].value().unsafeGetTensorImpl()) < 0) owner[k] = -1;
+  }
+  // Units in the order of their first parameter, the root's among them.
+  std::map<int, std::vector<std::pair<std::string, torch::Tensor>>> members;
+  std::vector<int> order;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    auto& m = members[owner[k]];
+    if (m.empty()) order.push_back(owner[k]);
+    m.emplace_back(params[k].key(), params[k].value());
+  }
+  for (int u : order) {
+    FlatUnit& unit = make_unit(members.at(u));
+    if (u < 0) root_unit_ = &unit;
+    else points_[unit_point[static_cast<std::size_t>(u)]].unit = &unit;
+  }
+  for (std::size_t i = 0; i < points_.size(); ++i) {
+    auto* point = dynamic_cast<detail::UnitPoint*>(points_[i].module);
+    point->model_ = this;
+    point->index_ = i;
+  }
+  install_grad_hooks();
+  broadcast_buffers();
+}
+
+ShardedModule::~ShardedModule() {
+  for (const Point& p : points_) dynamic_cast<detail::UnitPoint*>(p.module)->model_ = nullptr;
+}
+
+std::vector<std::pair<std::string, const torch::nn::Module*>> ShardedModule::state_roots() const { return {{std::string(), root_.get()}}; }
+
+void ShardedModule::set_activation_checkpointing(const WrapPolicy& which) {
+  for (Point& p : points_) p.checkpointed = chosen(which, p.path, *dynamic_cast<const detail::UnitPoint*>(p.module), *p.module);
+}
+
+torch::Tensor ShardedModule::cast_input(const torch::Tensor& t) const {
+  return mixed_.param_dtype && t.defined() && t.is_floating_point() ? t.to(*mixed_.param_dtype) : t;
+}
+
+void ShardedModule::begin_forward() {
+  last_order_ = std::exchange(order_, {});
+  if (root_unit_) root_unit_->gather();
+}
+
+void ShardedModule::end_forward(bool backward_follows) {
+  const bool frees = strategy_ == ShardingStrategy::kFullShard || strategy_ == ShardingStrategy::kHybridShard;
+  if (root_unit_ && frees && !backward_follows) root_unit_->release();
+}
+
+void ShardedModule::enter(std::size_t point) {
+  FlatUnit* unit = points_[point].unit;
+  if (!unit) return;
+  unit->gather();
+  order_.push_back(unit);
+  // forward_prefetch: the unit that ran after this one in the last forward, if it ran in the same order so far.
+  const std::size_t at = order_.size() - 1;
+  if (forward_prefetch_ && at + 1 < last_order_.size() && last_order_[at] == unit) last_order_[at + 1]->prefetch();
+}
+
+void ShardedModule::leave(std::size_t point, const std::vector<torch::Tensor>& outputs) {
+  FlatUnit* unit = points_[point].unit;
+  const bool frees = strategy_ == ShardingStrategy::kFullShard || strategy_ == ShardingStrategy::kHybridShard;
+  if (!unit || !frees) return;
+  std::vector<torch::Tensor> hooked;
+  for (const torch::Tensor& t : outputs) {
+    if (t.defined() && t.requires_grad()) hooked.push_back(t);
+  }
+  // No output to hook, while parameters of the unit may still be in a graph: kept gathered until
+  // backward ends.
+  if (hooked.empty() && torch::GradMode::is_enabled() && outputs.empty()) return;
+  unit->release();
+  // Gathered again when the first gradient of an output arrives; the unit that ran before it in
+  // forward is the one backward needs next (BACKWARD_PRE).
+  FlatUnit* prev = nullptr;
+  if (backward_prefetch_) {
+    auto at = std::find(order_.rbegin(), order_.rend(), unit);
+    for (; at != order_.rend() && !prev; ++at) {
+      if (*at != unit) prev = *at;
+    }
+  }
+  for (torch::Tensor& t : hooked) {
+    t.register_hook([unit, prev](torch::Tensor g) {
+      unit->gather();
+      if (prev) prev->prefetch();
+      return g;
+    });
+  }
+}
+
+}  // namespace fsdp
