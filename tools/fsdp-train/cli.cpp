@@ -106,8 +106,9 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
   app->add_option("--buffer-dtype", c.buffer_dtype, "cast the model's buffers to this dtype")->check(dtypes)->group(s);
   app->add_option("--auto-wrap", c.auto_wrap,
                   "FSDP units: auto (the default: N = 100000000, size_based_auto_wrap_policy's default, so a model under 100M "
-                  "parameters is one unit), children (each top-level module: embed, every block, head), block (each block; "
-                  "embed and head share the root unit), or N (consecutive modules grouped until a unit holds N parameters)")
+                  "parameters is one unit), children (each top-level module: embed, every block, head; llama: each decoder layer), "
+                  "block (each block or decoder layer; the rest shares the root unit), or N (consecutive modules grouped until a "
+                  "unit holds N parameters; llama: each decoder layer of at least N)")
       ->check(CLI::IsMember({"auto", "children", "block"}) | CLI::PositiveNumber)->group(s);
   app->add_option("--backward-prefetch", c.backward_prefetch,
                   "BACKWARD_PRE (FSDP's default): when a unit's backward starts, start gathering the next one's; NONE: gather "
@@ -121,7 +122,7 @@ std::unique_ptr<CLI::App> make_train_app(TrainConfig& c) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->group(s);
   app->add_flag("--activation-checkpointing", c.activation_checkpointing,
-                "recompute each transformer block's forward in backward instead of keeping its activations (gpt)")->group(s);
+                "recompute each transformer block's forward in backward instead of keeping its activations (gpt, llama)")->group(s);
   app->add_option("--device", c.device, "cpu, or cuda (each rank on the GPU its LOCAL_RANK names; a build against a LibTorch with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}))->group(s);
   app->add_option("--backend", c.backend, "gloo or nccl (default: gloo on cpu, nccl on cuda)")->check(CLI::IsMember({"gloo", "nccl"}))->group(s);

@@ -8,6 +8,7 @@
 
 #include "fsdp/fully_sharded.hpp"
 #include "fsdp/script_module.hpp"
+#include "fsdp/sharded_module.hpp"
 
 namespace fsdp_train {
 namespace {
@@ -145,16 +146,13 @@ struct LlamaAttentionImpl : torch::nn::Module {
     v_proj = register_module("v_proj", linear(s.n_embd, n_kv_head * head_dim, false, 0.02));
     o_proj = register_module("o_proj", linear(n_head * head_dim, s.n_embd, false, 0.02));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
+  /// `cos` and `sin` [B, T, head_dim] (float32) of each token's position; `allowed` [B, 1, T, T]:
+  /// which keys each query attends to.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_f32, const torch::Tensor& sin_f32, const torch::Tensor& allowed) {
     const std::int64_t B = x.size(0), T = x.size(1);
     auto heads = [&](const torch::Tensor& t, std::int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
     torch::Tensor q = heads(q_proj(x), n_head), k = heads(k_proj(x), n_kv_head), v = heads(v_proj(x), n_kv_head);
-    // Rotary embeddings of positions 0 … T-1, computed in float32 (LlamaRotaryEmbedding).
-    const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
-    const torch::Tensor inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, torch::TensorOptions().dtype(torch::kLong)).to(torch::kFloat) / head_dim);
-    const torch::Tensor freqs = torch::outer(torch::arange(T, f32), inv_freq);
-    const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-    const torch::Tensor cos = emb.cos().to(q.scalar_type()), sin = emb.sin().to(q.scalar_type());
+    const torch::Tensor cos = cos_f32.unsqueeze(1).to(q.scalar_type()), sin = sin_f32.unsqueeze(1).to(q.scalar_type());
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     // Grouped-query attention: each key and value head serves n_head / n_kv_head query heads (repeat_kv).
@@ -165,10 +163,19 @@ struct LlamaAttentionImpl : torch::nn::Module {
     k = repeated(k);
     v = repeated(v);
     torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim));
-    const torch::Tensor causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).tril();
-    att = att.masked_fill(causal.logical_not(), -std::numeric_limits<float>::infinity());
+    // The dtype's lowest finite value, as Hugging Face's mask: a row with no key (a padding query)
+    // gets uniform weights instead of NaN.
+    att = att.masked_fill(allowed.logical_not(), lowest(att.scalar_type()));
     att = att.softmax(-1, torch::kFloat).to(q.scalar_type());
     return o_proj(torch::matmul(att, v).transpose(1, 2).contiguous().reshape({B, T, n_head * head_dim}));
+  }
+  static double lowest(c10::ScalarType t) {
+    switch (t) {
+      case torch::kHalf: return -65504.0;
+      case torch::kBFloat16: return -3.38953139e38;
+      case torch::kDouble: return std::numeric_limits<double>::lowest();
+      default: return std::numeric_limits<float>::lowest();
+    }
   }
   std::int64_t n_head, n_kv_head, head_dim;
   double theta;
@@ -196,17 +203,74 @@ struct LlamaDecoderLayerImpl : torch::nn::Module {
     post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(s.n_embd, s.norm_eps));
     mlp = register_module("mlp", LlamaMlp(s));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    const torch::Tensor h = x + self_attn(input_layernorm(x));
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& allowed) {
+    const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, allowed);
     return h + mlp(post_attention_layernorm(h));
   }
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
 };
-TORCH_MODULE(LlamaDecoderLayer);
+using ShardedLayer = fsdp::Sharded<LlamaDecoderLayerImpl>;
+
+// LlamaModel: the embedding, the layers (each an FSDP unit under `--auto-wrap block`), the final norm.
+struct LlamaModelImpl : torch::nn::Module {
+  explicit LlamaModelImpl(const ModelShape& s)
+      : head_dim(s.n_embd / s.n_head), theta(s.rope_theta), embed_tokens(register_module("embed_tokens", embedding(s.vocab_size, s.n_embd))) {
+    auto list = register_module("layers", torch::nn::ModuleList());
+    for (int i = 0; i < s.n_layer; ++i) {
+      layers.push_back(std::make_shared<ShardedLayer>(s));
+      list->push_back(layers.back());
+    }
+    norm = register_module("norm", RMSNorm(s.n_embd, s.norm_eps));
+  }
+  torch::Tensor forward(const torch::Tensor& ids, torch::Tensor positions, const torch::Tensor& attention_mask) {
+    const std::int64_t B = ids.size(0), T = ids.size(1);
+    const auto longs = torch::TensorOptions().dtype(torch::kLong).device(ids.device());
+    const bool given = positions.defined();
+    if (!given) positions = torch::arange(T, longs).unsqueeze(0).expand({B, T});
+    // Rotary embeddings of each token's position, in float32 (LlamaRotaryEmbedding).
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(ids.device());
+    const torch::Tensor inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, longs).to(torch::kFloat) / head_dim);
+    const torch::Tensor freqs = positions.to(torch::kFloat).unsqueeze(-1) * inv_freq.to(f32);
+    const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    const torch::Tensor cos = emb.cos(), sin = emb.sin();
+    // Causal; keys that are padding masked out (the attention mask); a packed row's sequences (each
+    // starting at position 0, as Hugging Face's packing collator gives them) kept apart.
+    torch::Tensor allowed = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(ids.device())).tril().expand({B, 1, T, T});
+    if (attention_mask.defined()) allowed = allowed.logical_and(attention_mask.to(torch::kBool).view({B, 1, 1, T}));
+    if (given) {
+      const torch::Tensor sequence = positions.eq(0).cumsum(1);
+      allowed = allowed.logical_and(sequence.view({B, 1, T, 1}).eq(sequence.view({B, 1, 1, T})));
+    }
+    torch::Tensor h = embed_tokens(ids);
+    for (const auto& layer : layers) h = layer->forward(h, cos, sin, allowed);
+    return norm(h);
+  }
+  std::int64_t head_dim;
+  double theta;
+  torch::nn::Embedding embed_tokens;
+  std::vector<std::shared_ptr<ShardedLayer>> layers;
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaModel);
 
 }  // namespace
+
+// LlamaForCausalLM: the model and lm_head (tied: the embedding's own Parameter).
+struct LlamaForCausalLMImpl : torch::nn::Module {
+  explicit LlamaForCausalLMImpl(const ModelShape& s) : model(register_module("model", LlamaModel(s))) {
+    if (s.tie_weights) tied_head = register_module("lm_head", TiedLinear(model->embed_tokens->weight));
+    else lm_head = register_module("lm_head", linear(s.n_embd, s.vocab_size, false, 0.02));
+  }
+  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& positions = {}, const torch::Tensor& attention_mask = {}) {
+    const torch::Tensor h = model(ids, positions, attention_mask);
+    return lm_head ? lm_head(h) : tied_head(h);
+  }
+  LlamaModel model;
+  torch::nn::Linear lm_head{nullptr};
+  TiedLinear tied_head{nullptr};
+};
 
 std::int64_t llama_ffn_hidden(std::int64_t n_embd, std::int64_t ffn_hidden) {
   if (ffn_hidden > 0) return ffn_hidden;
@@ -214,7 +278,24 @@ std::int64_t llama_ffn_hidden(std::int64_t n_embd, std::int64_t ffn_hidden) {
   return (two_thirds + multiple - 1) / multiple * multiple;
 }
 
-torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
+namespace {
+std::shared_ptr<LlamaForCausalLMImpl> new_llama(const ModelShape& s) {
+  if (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0) {
+    throw std::invalid_argument("--n-embd " + std::to_string(s.n_embd) + " over --n-head " + std::to_string(s.n_head) +
+                                " must give an even head size (rotary embeddings pair a head's halves)");
+  }
+  if (s.n_kv_head > 0 && s.n_head % s.n_kv_head != 0) {
+    throw std::invalid_argument("--n-head " + std::to_string(s.n_head) + " is not a multiple of --n-kv-head " + std::to_string(s.n_kv_head));
+  }
+  return std::make_shared<LlamaForCausalLMImpl>(s);
+}
+}  // namespace
+
+Model::Model(const std::string& kind, const ModelShape& s) {
+  if (kind == "llama") {
+    llama_ = new_llama(s);
+    return;
+  }
   torch::nn::Sequential seq;
   if (kind == "gpt") {
     if (s.n_embd % s.n_head != 0) {
@@ -224,28 +305,6 @@ torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
     seq->push_back("embed", embed);
     for (int i = 0; i < s.n_layer; ++i) seq->push_back("block" + std::to_string(i), Block(s));
     seq->push_back("head", Head(s, s.tie_weights ? embed->wte->weight : torch::Tensor()));
-  } else if (kind == "llama") {
-    if (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0) {
-      throw std::invalid_argument("--n-embd " + std::to_string(s.n_embd) + " over --n-head " + std::to_string(s.n_head) +
-                                  " must give an even head size (rotary embeddings pair a head's halves)");
-    }
-    if (s.n_kv_head > 0 && s.n_head % s.n_kv_head != 0) {
-      throw std::invalid_argument("--n-head " + std::to_string(s.n_head) + " is not a multiple of --n-kv-head " + std::to_string(s.n_kv_head));
-    }
-    // model (embed_tokens | layers | norm) | lm_head: Chains, so that a wrap policy reaches the layers.
-    torch::nn::Embedding embed_tokens = embedding(s.vocab_size, s.n_embd);
-    fsdp::Chain layers;
-    for (int i = 0; i < s.n_layer; ++i) layers->push_back(std::to_string(i), LlamaDecoderLayer(s));
-    fsdp::Chain model;
-    model->push_back("embed_tokens", embed_tokens);
-    model->push_back("layers", layers);
-    model->push_back("norm", RMSNorm(s.n_embd, s.norm_eps));
-    seq->push_back("model", model);
-    if (s.tie_weights) {
-      seq->push_back("lm_head", TiedLinear(embed_tokens->weight));
-    } else {
-      seq->push_back("lm_head", linear(s.n_embd, s.vocab_size, false, 0.02));
-    }
   } else if (kind == "mlp") {
     if (s.tie_weights) throw std::invalid_argument("--tie-weights is for --model gpt and llama");
     seq->push_back("embed", Embed(s, false));
@@ -257,7 +316,28 @@ torch::nn::Sequential make_model(const std::string& kind, const ModelShape& s) {
   } else {
     throw std::invalid_argument("unknown model '" + kind + "' (gpt, llama or mlp)");
   }
-  return seq;
+  sequential_ = seq;
+}
+
+torch::nn::Module& Model::module() { return llama_ ? static_cast<torch::nn::Module&>(*llama_) : *sequential_; }
+
+fsdp::ShardedModel& Model::setup(fsdp::Strategy& strategy) {
+  if (llama_) {
+    auto& m = strategy.setup_module(llama_);
+    forward_ = [&m](const torch::Tensor& tokens) { return m.forward(tokens); };
+    return m;
+  }
+  auto& m = strategy.setup_module(sequential_);
+  forward_ = [&m](const torch::Tensor& tokens) { return m.forward(tokens); };
+  return m;
+}
+
+torch::Tensor Model::forward(const torch::Tensor& tokens) { return forward_(tokens); }
+
+std::shared_ptr<torch::nn::Module> make_llama(const ModelShape& s) { return new_llama(s); }
+
+torch::Tensor llama_forward(torch::nn::Module& llama, const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& attention_mask) {
+  return dynamic_cast<LlamaForCausalLMImpl&>(llama).forward(ids, positions, attention_mask);
 }
 
 }  // namespace fsdp_train

@@ -193,7 +193,8 @@ class Trainer {
   Trainer(const TrainConfig& c, fsdp::Strategy& strategy)
       : c_(c), strategy_(strategy), pg_(strategy.group()), rank_(pg_.rank()), world_(pg_.size()), device_(strategy.root_device()),
         data_(load_tokens(c.data, c.vocab_size, c.block_size, c.val_fraction, c.seed)),
-        fsdp_(strategy.setup_module(build_model(c))),
+        model_(build_model(c)),
+        fsdp_(model_.setup(strategy)),
         opt_(strategy.setup_optimizer(optimizer_options(c, fsdp_))),
         // Epoch e is step e + 1: torch's LambdaLR over the groups' initial lr (--lr).
         schedule_(opt_, [&c](std::int64_t epoch) { return learning_rate(c, epoch + 1) / c.lr; }) {}
@@ -320,7 +321,7 @@ class Trainer {
         clear_bar();
         std::cout << s << std::endl;
         // Sharding is real: what this rank holds against what one unsharded copy would.
-        const fsdp::FullyShardedSequential::Bytes b = fsdp_.bytes();
+        const fsdp::ShardedModel::Bytes b = fsdp_.bytes();
         const std::int64_t state = opt_.state_bytes(), buffers = static_cast<std::int64_t>(opt_.buffer_names().size());
         std::snprintf(buf, sizeof buf,
                       "rank 0 holds parameters %lld B, gradients %lld B, optimizer state %lld B; unsharded %lld / %lld / %lld B",
@@ -336,16 +337,15 @@ class Trainer {
   }
 
  private:
-  static torch::nn::Sequential build_model(const TrainConfig& c) {
+  static Model build_model(const TrainConfig& c) {
     torch::manual_seed(c.seed);
-    torch::nn::Sequential model =
-        make_model(c.model, {.n_layer = c.n_layer, .n_head = c.n_head, .n_embd = c.n_embd, .block_size = c.block_size, .vocab_size = c.vocab_size,
+    Model model(c.model, {.n_layer = c.n_layer, .n_head = c.n_head, .n_embd = c.n_embd, .block_size = c.block_size, .vocab_size = c.vocab_size,
                              .tie_weights = c.tie_weights, .n_kv_head = c.n_kv_head, .ffn_hidden = c.ffn_hidden, .rope_theta = c.rope_theta,
                              .norm_eps = c.norm_eps, .script = c.model_script});
     // --freeze: frozen before wrapping, as FSDP wraps a module whose parameters require no grad.
     for (const std::string& glob : c.freeze) {
       bool any = false;
-      for (auto& p : model->named_parameters()) {
+      for (auto& p : model.module().named_parameters()) {
         if (!ckpt::filters_select({{true, glob}}, p.key())) continue;
         p.value().set_requires_grad(false);
         any = true;
@@ -381,7 +381,7 @@ class Trainer {
 
   torch::Tensor forward_loss(const torch::Tensor& x, const torch::Tensor& y) {
     const fsdp::Autocast context = strategy_.forward_context();  // bf16-mixed, 16-mixed: autocast
-    const torch::Tensor logits = fsdp_.forward(x);
+    const torch::Tensor logits = model_.forward(x);
     // A script's vocabulary is its own; the data's tokens were checked against --vocab-size.
     if (logits.dim() != 3 || logits.size(0) != x.size(0) || logits.size(1) != x.size(1) || logits.size(2) != c_.vocab_size) {
       throw std::runtime_error("the model's output has shape " + shape_text(logits) + " for tokens of shape " + shape_text(x) +
@@ -390,7 +390,7 @@ class Trainer {
     return loss_of(logits, y).to(torch::kFloat32);
   }
 
-  static fsdp::OptimizerOptions optimizer_options(const TrainConfig& c, const fsdp::FullyShardedSequential& model) {
+  static fsdp::OptimizerOptions optimizer_options(const TrainConfig& c, const fsdp::ShardedModel& model) {
     fsdp::OptimizerOptions o;
     o.kind = fsdp::optimizer_from_string(c.optimizer);
     o.lr = c.lr;
@@ -719,7 +719,8 @@ class Trainer {
   int rank_, world_;
   c10::Device device_;  ///< where the model computes and the batches go
   TokenData data_;
-  fsdp::FullyShardedSequential& fsdp_;
+  Model model_;
+  fsdp::ShardedModel& fsdp_;
   fsdp::ShardedOptimizer& opt_;
   fsdp::LambdaLR schedule_;
   std::ofstream log_;
