@@ -20,6 +20,8 @@ for t in "${tools[@]}"; do
   [[ -f $prefix/share/bash-completion/completions/$t ]] || fail "no bash completion for $t"
   head -1 "$prefix/share/zsh/site-functions/_$t" | grep -qx "#compdef $t" || fail "no zsh completion for $t"
 done
+err=$("$prefix/bin/fsdp-ckpt-inspect" --completion fish 2>&1 >/dev/null)
+[[ $? == 2 && $err == "fsdp-ckpt-inspect: error: --completion: fish not in {bash,zsh}"* ]] || fail "--completion fish: '$err'"
 work=$(mktemp -d)
 "$prefix/bin/fsdp-ckpt-merge" -q "$testdata/dcp/torch113_2rank" -o "$work/m.pt" || fail "the installed merge"
 "$prefix/bin/fsdp-ckpt-inspect" verify -q "$work/m.pt" >/dev/null || fail "the installed inspect"
