@@ -114,6 +114,39 @@ std::vector<std::pair<std::string, torch::Tensor>> reference(int world, int step
   return out;
 }
 
+// The same under FSDP's MixedPrecision(param_dtype, reduce_dtype, buffer_dtype all bfloat16):
+// float32 master values, each rank's part computed on a bfloat16 copy of them (inputs and buffers
+// cast too), the gradients averaged in bfloat16, then cast back for SGD.
+std::vector<std::pair<std::string, torch::Tensor>> reference_bf16(int world, int steps) {
+  auto net = make_net<false>();
+  const auto params = net->parameters();
+  for (int s = 0; s < steps; ++s) {
+    const Batch b = batch(s);
+    std::vector<torch::Tensor> sum(params.size());
+    for (int r = 0; r < world; ++r) {
+      auto low = make_net<false>();
+      {
+        torch::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < params.size(); ++i) low->parameters()[i].set_data(params[i].detach().to(torch::kBFloat16));
+        for (std::size_t i = 0; i < net->buffers().size(); ++i) low->buffers()[i].set_data(net->buffers()[i].to(torch::kBFloat16));
+      }
+      const Batch p = part(b, r, world);
+      seed_for(s, r);
+      torch::mse_loss(low->forward(p.x.to(torch::kBFloat16), p.context.to(torch::kBFloat16)).to(torch::kFloat), p.y).backward();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const torch::Tensor g = low->parameters()[i].grad().to(torch::kFloat);
+        sum[i] = sum[i].defined() ? sum[i] + g : g;
+      }
+    }
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].sub_(sum[i].to(torch::kBFloat16).div(world).to(torch::kFloat), 0.1);
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : net->named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());
+  for (const auto& item : net->named_buffers()) out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
+}
+
 std::map<std::string, std::string> env_of_rank() {
   std::map<std::string, std::string> env;
   for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = std::getenv(k);
@@ -134,6 +167,9 @@ int rank_main(const std::string& strategy_name) {
   const fsdp::ShardingStrategy strategy = fsdp::sharding_strategy_from_string(strategy_name);
   const std::string how = std::getenv("FSDP_TEST_POLICY") ? std::getenv("FSDP_TEST_POLICY") : "hand";
   const bool checkpointing = std::getenv("FSDP_TEST_CHECKPOINT") != nullptr;
+  // FSDP_TEST_BF16: MixedPrecision with bfloat16 parameters, reductions and buffers.
+  const bool bf16 = std::getenv("FSDP_TEST_BF16") != nullptr;
+  const fsdp::MixedPrecision mixed = bf16 ? fsdp::MixedPrecision{torch::kBFloat16, torch::kBFloat16, torch::kBFloat16} : fsdp::MixedPrecision{};
   auto net = make_net<true>();
   const fsdp::OptimizerOptions sgd{fsdp::OptimizerKind::kSgd, 0.1, 0.9, 0.999, 1e-8, 0.0, 0.0};
   // Made directly, or (FSDP_TEST_STRATEGY) by fsdp::Strategy's setup_module from its options.
@@ -156,9 +192,9 @@ int rank_main(const std::string& strategy_name) {
   } else {
     if (strategy == fsdp::ShardingStrategy::kHybridShard) {
       mesh = std::make_unique<fsdp::DeviceMesh>(pg, 2, pg.size() / 2);
-      owned = std::make_unique<fsdp::FullyShardedModule<NetImpl<true>>>(net, *mesh, strategy, fsdp::MixedPrecision{}, policy_of(how));
+      owned = std::make_unique<fsdp::FullyShardedModule<NetImpl<true>>>(net, *mesh, strategy, mixed, policy_of(how));
     } else {
-      owned = std::make_unique<fsdp::FullyShardedModule<NetImpl<true>>>(net, pg, strategy, fsdp::MixedPrecision{}, policy_of(how));
+      owned = std::make_unique<fsdp::FullyShardedModule<NetImpl<true>>>(net, pg, strategy, mixed, policy_of(how));
     }
     if (checkpointing) owned->set_activation_checkpointing(policy_of("type"));
     model = owned.get();
@@ -189,7 +225,7 @@ int rank_main(const std::string& strategy_name) {
     const Batch p = part(batch(s), pg.rank(), world);
     seed_for(s, pg.rank());
     opt.zero_grad();
-    model->backward(torch::mse_loss(model->forward(p.x, p.context), p.y));
+    model->backward(torch::mse_loss(model->forward(p.x, p.context).to(torch::kFloat), p.y));
     opt.step();
     // Between steps each rank holds its slices only (not with NO_SHARD).
     const auto bytes = model->bytes();
@@ -215,7 +251,7 @@ int rank_main(const std::string& strategy_name) {
   const auto got = model->full_state_dict();
   // Resumed (FSDP_TEST_SAVED_AT: the world size that took the first steps): those steps at that size.
   const int saved_at = std::getenv("FSDP_TEST_SAVED_AT") ? std::atoi(std::getenv("FSDP_TEST_SAVED_AT")) : world;
-  const auto want = reference(world, steps, first, saved_at);
+  const auto want = bf16 ? reference_bf16(world, steps) : reference(world, steps, first, saved_at);
   if (got.size() != want.size()) {
     std::cerr << "rank " << pg.rank() << ": " << got.size() << " state dict entries, want " << want.size() << "\n";
     return 1;
@@ -226,8 +262,8 @@ int rank_main(const std::string& strategy_name) {
     if (it == by_name.end()) {
       std::cerr << "rank " << pg.rank() << ": " << name << " is not the module's\n";
       bad = 1;
-    } else if (!value.allclose(it->second, 1e-5, 1e-6)) {
-      std::cerr << "rank " << pg.rank() << ": " << name << " differs by " << (value - it->second).abs().max().item<double>() << "\n";
+    } else if (!value.allclose(it->second.to(value.scalar_type()), 1e-5, 1e-6)) {
+      std::cerr << "rank " << pg.rank() << ": " << name << " differs by " << (value.to(torch::kFloat) - it->second).abs().max().item<double>() << "\n";
       bad = 1;
     }
   }
@@ -263,6 +299,14 @@ TEST_CASE("fsdp module: units by type and by size with activation checkpointing 
         }
       }
     }
+  }
+}
+
+// At world size 2 only: the sum of two bfloat16 gradients rounds once, as the reference's does;
+// of three, a reduction rounds after each addition in an order of its own.
+TEST_CASE("fsdp module: bfloat16 parameters, reductions and buffers at world size 2 equal the same arithmetic in one process", "[fsdp]") {
+  for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP"}) {
+    SECTION(strategy) { CHECK(ranks_with(strategy, 2, {{"FSDP_TEST_BF16", "1"}, {"FSDP_TEST_POLICY", "type"}, {"FSDP_TEST_CHECKPOINT", "1"}})); }
   }
 }
 
