@@ -2,10 +2,12 @@
 # Third-party packages, all from Debian 12 (scripts/setup installs them).
 find_package(Threads REQUIRED)
 find_package(zstd CONFIG REQUIRED)
-if(TARGET zstd::libzstd_static)
-  set(FSDP_ZSTD zstd::libzstd_static)
-else()
+# The shared library: Debian's static one is not position-independent, and the Python module
+# links libckpt into a shared object.
+if(TARGET zstd::libzstd_shared)
   set(FSDP_ZSTD zstd::libzstd_shared)
+else()
+  set(FSDP_ZSTD zstd::libzstd_static)
 endif()
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBDEFLATE REQUIRED IMPORTED_TARGET libdeflate)
@@ -20,6 +22,12 @@ if(FSDP_BUILD_TESTS)
   list(APPEND CMAKE_MODULE_PATH /usr/lib/cmake/Catch2)
   include(Catch)
   find_program(FSDP_TORCH_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+endif()
+if(FSDP_WITH_PYTHON)
+  # Debian's /usr/bin/python3, whose numpy and python3-torch the module's tests use.
+  set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "the Python the module is built for")
+  find_package(Python 3 REQUIRED COMPONENTS Interpreter Development.Module)
+  find_package(pybind11 CONFIG REQUIRED)
 endif()
 if(FSDP_WITH_TORCH)
   find_package(Torch CONFIG REQUIRED)

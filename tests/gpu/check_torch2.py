@@ -10,9 +10,13 @@ torch.load(weights_only=True); the two of a pair must hold the same values."""
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from common import flat_tensors  # noqa: E402
 
 
 def load_dcp(path):
@@ -21,19 +25,6 @@ def load_dcp(path):
           for k, m in md.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     dcp.load(sd, storage_reader=dcp.FileSystemReader(path))
     return sd
-
-
-def flat(obj, prefix=""):
-    out = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(flat(v, f"{prefix}{k}."))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(flat(v, f"{prefix}{i}."))
-    elif isinstance(obj, torch.Tensor):
-        out[prefix[:-1]] = obj
-    return out
 
 
 def compare(a, b, what, tol):
@@ -57,14 +48,14 @@ if mode == "device":
         if not os.path.isdir(os.path.join(d, f"{precision}-sharded")):
             continue
         sharded = load_dcp(os.path.join(d, f"{precision}-sharded"))
-        full = flat(torch.load(os.path.join(d, f"{precision}-full.pt"), weights_only=True))
+        full = flat_tensors(torch, torch.load(os.path.join(d, f"{precision}-full.pt"), weights_only=True))
         print(f"{precision}: dcp.load read {len(sharded)} tensors, torch.load(weights_only=True) {len(full)}")
         # Two runs of the same training on the same GPU, one saved sharded and one full.
         compare(sharded, full, precision, 1e-5)
         assert any(k.startswith("model.") for k in sharded) and any(".exp_avg" in k for k in sharded), sorted(sharded)
 elif mode == "train":
     sharded = load_dcp(sys.argv[2])
-    merged = flat(torch.load(sys.argv[3], weights_only=True))
+    merged = flat_tensors(torch, torch.load(sys.argv[3], weights_only=True))
     print(f"dcp.load read {len(sharded)} tensors; the merged file holds {len(merged)}")
     compare(sharded, merged, "merge of the GPU's checkpoint", 0.0)
     assert len([k for k in sharded if k.startswith("model.")]) == len([k for k in merged if k.startswith("model.")])

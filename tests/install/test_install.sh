@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # cmake --install into a temporary prefix: the installed tools run (version, a merge, an inspect),
 # `man -l` renders every installed page, and the installed bash completion completes an option,
-# a subcommand and a subcommand's option (the zsh one is a #compdef file for each tool).
+# a subcommand and a subcommand's option (the zsh one is a #compdef file for each tool); the
+# installed Python module imports and merges to HDF5 and reads it back.
 # Usage: test_install.sh BUILD_DIR TESTDATA_DIR
 set -u
 build=$1 testdata=$2
@@ -25,6 +26,16 @@ err=$("$prefix/bin/fsdp-ckpt-inspect" --completion fish 2>&1 >/dev/null)
 work=$(mktemp -d)
 "$prefix/bin/fsdp-ckpt-merge" -q "$testdata/dcp/torch113_2rank" -o "$work/m.pt" || fail "the installed merge"
 "$prefix/bin/fsdp-ckpt-inspect" verify -q "$work/m.pt" >/dev/null || fail "the installed inspect"
+# The Python module, where it was installed, without the build tree on its path.
+if [[ -f $build/python/fsdp_tools/__init__.py ]]; then
+  PYTHONPATH=$prefix/lib/python3/dist-packages /usr/bin/python3 -c "
+import sys, fsdp_tools
+assert fsdp_tools.__file__.startswith('$prefix'), fsdp_tools.__file__
+r = fsdp_tools.merge('$testdata/dcp/torch113_2rank', '$work/py.h5')
+c = fsdp_tools.open('$work/py.h5')
+assert c.format == 'hdf5' and len(c) > 0 and c.tensor('model.embed.weight').shape == (10, 4), c
+" || fail "the installed Python module"
+fi
 rm -rf "$work"
 # Completion, as bash calls it: COMP_WORDS and COMP_CWORD set, the function's COMPREPLY read.
 source "$prefix/share/bash-completion/completions/fsdp-ckpt-inspect"

@@ -140,3 +140,17 @@ def raw(t):
     import torch
     t = t.contiguous().reshape(-1)
     return bytes((t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)).numpy())
+
+
+def flat_tensors(torch, tree, prefix=""):
+    """A torch.load result's tensors (detached) by their dotted key path, as the tools name them."""
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flat_tensors(torch, v, f"{prefix}{k}."))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(flat_tensors(torch, v, f"{prefix}{i}."))
+    elif isinstance(tree, torch.Tensor):
+        out[prefix[:-1]] = tree.detach()
+    return out

@@ -475,7 +475,10 @@ void require_match(const Checkpoint& c, const std::string& glob, GlobOver over) 
 }
 
 void inspect(const InspectOptions& options, std::ostream& out) {
-  const Checkpoint c = open_checkpoint(options.path, options.meta ? MetaTrees::kKeep : MetaTrees::kDrop);
+  inspect(open_checkpoint(options.path, options.meta ? MetaTrees::kKeep : MetaTrees::kDrop), options, out);
+}
+
+void inspect(const Checkpoint& c, const InspectOptions& options, std::ostream& out) {
   require_match(c, options.tensor_glob, GlobOver::kEntries);
   const ChunkReader reader(c);
   if (options.format == OutputFormat::kJson) return print_json(c, options, out, reader);

@@ -49,6 +49,9 @@ void require_match(const Checkpoint& c, const std::string& glob, GlobOver over);
 /// Throws ckpt::Error: kFormat for bad data (naming the file and offset), kUnsupported for a
 /// format this build cannot read yet, kIo when the path cannot be read.
 void inspect(const InspectOptions& options, std::ostream& out);
+/// The same of a checkpoint open already (options.path unused; options.meta needs it opened with
+/// MetaTrees::kKeep for its metadata trees).
+void inspect(const Checkpoint& checkpoint, const InspectOptions& options, std::ostream& out);
 
 enum class VerifyDepth { kStructure, kDeep };
 

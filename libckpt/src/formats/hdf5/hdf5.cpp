@@ -47,6 +47,12 @@ const Loaded& loaded() {
       candidates.push_back(exe.parent_path() / "../lib/fsdp-tools" / CKPT_HDF5_MODULE_NAME);
       candidates.push_back(exe.parent_path() / CKPT_HDF5_MODULE_NAME);
     }
+    // Beside the shared object libckpt is linked into, where that is not the program (the Python
+    // module fsdp_tools, installed with a copy beside it).
+    Dl_info self{};
+    if (::dladdr(reinterpret_cast<void*>(&loaded), &self) && self.dli_fname && *self.dli_fname) {
+      candidates.push_back(std::filesystem::path(self.dli_fname).parent_path() / CKPT_HDF5_MODULE_NAME);
+    }
     for (const auto& c : candidates) {
       if (!std::filesystem::exists(c, ec)) continue;
       void* h = ::dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
