@@ -26,7 +26,7 @@ try:
 finally:
     _sys.setdlopenflags(_flags)
 
-__all__ = ["CheckpointError", "Checkpoint", "open", "verify", "merge", "shard"]
+__all__ = ["CheckpointError", "Checkpoint", "open", "verify", "diff", "stats", "merge", "shard"]
 
 
 class CheckpointError(Exception):
@@ -161,11 +161,11 @@ def _command_line(options, flags=(), lists=()):
     return args
 
 
-def _run(native, args, progress):
+def _run(native, args, *rest):
     import re
 
     try:
-        return _json.loads(native(args, progress))
+        return _json.loads(native(args, *rest))
     except ValueError as e:
         if isinstance(e, _json.JSONDecodeError):
             raise
@@ -213,3 +213,20 @@ def shard(src, dst, world_size, *, layout=None, format=None, replicate=(), files
                                verify=verify, threads=threads, dry_run=dry_run),
                           _MERGE_FLAGS, _MERGE_LISTS + ("replicate",))
     return _run(_native.shard, args, progress)
+
+
+def diff(a, b, *, rtol=0.0, atol=0.0, include=(), exclude=(), model_only=False, key=None, map_prefix=()):
+    """`fsdp-ckpt-inspect diff A B --json`: two checkpoints of any formats and layouts compared as
+    merge reads them, per tensor the max-abs and max-rel difference (in float64). Returns its
+    report as a dict; report["equal"] says whether they agree within rtol and atol. include and
+    exclude select A's entries (includes first); map_prefix: "FROM=TO" strings."""
+    args = ["diff", str(a), str(b), "--json"]
+    args += _command_line(dict(rtol=rtol, atol=atol, include=include, exclude=exclude, model_only=model_only, key=key,
+                               map_prefix=map_prefix), ("model_only",), ("include", "exclude", "map_prefix"))
+    return _run(_native.inspect, args)
+
+
+def stats(path, *, tensor=None, threads=None):
+    """`fsdp-ckpt-inspect stats PATH --json`: per tensor (those matching the glob `tensor`) min,
+    max, mean, std, max-abs and the NaN and Inf counts, reading each chunk once. A dict."""
+    return _run(_native.inspect, ["stats", str(path), "--json"] + _command_line(dict(tensor=tensor, threads=threads)))

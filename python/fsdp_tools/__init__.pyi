@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy
 
@@ -34,3 +34,17 @@ class Checkpoint:
 
 def open(path: str | os.PathLike[str]) -> Checkpoint: ...
 def verify(path: str | os.PathLike[str], deep: bool = ...) -> list[dict[str, Any]]: ...
+def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], *, rtol: float = ..., atol: float = ..., include: Sequence[str] = ...,
+         exclude: Sequence[str] = ..., model_only: bool = ..., key: Optional[str] = ..., map_prefix: Sequence[str] = ...) -> dict[str, Any]: ...
+def stats(path: str | os.PathLike[str], *, tensor: Optional[str] = ..., threads: Optional[int] = ...) -> dict[str, Any]: ...
+def merge(src: str | os.PathLike[str], dst: Optional[str | os.PathLike[str]] = ..., *, format: Optional[str] = ..., layout: Optional[str] = ...,
+          key: Optional[str] = ..., dtype: Optional[str] = ..., cast_include: Sequence[str] = ..., strict_cast: bool = ...,
+          include: Sequence[str] = ..., exclude: Sequence[str] = ..., model_only: bool = ..., max_shard_size: Optional[str] = ...,
+          rename: Sequence[str] = ..., strip_prefix: Optional[str] = ..., force: bool = ..., verify: bool = ..., threads: Optional[int] = ...,
+          dry_run: bool = ..., progress: Optional[Callable[[int, int], object]] = ...) -> dict[str, Any]: ...
+def shard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size: int, *, layout: Optional[str] = ..., format: Optional[str] = ...,
+          replicate: Sequence[str] = ..., files_per_rank: Optional[int] = ..., compress: Optional[str] = ..., dtype: Optional[str] = ...,
+          cast_include: Sequence[str] = ..., strict_cast: bool = ..., key: Optional[str] = ..., max_memory: Optional[str] = ...,
+          include: Sequence[str] = ..., exclude: Sequence[str] = ..., rename: Sequence[str] = ..., strip_prefix: Optional[str] = ...,
+          force: bool = ..., verify: bool = ..., threads: Optional[int] = ..., dry_run: bool = ...,
+          progress: Optional[Callable[[int, int], object]] = ...) -> dict[str, Any]: ...

@@ -26,6 +26,7 @@
 #include "ckpt/ops/merge.hpp"
 #include "ckpt/ops/result.hpp"
 #include "ckpt/ops/shard.hpp"
+#include "fsdp-ckpt-inspect/cli.hpp"
 #include "fsdp-ckpt-merge/cli.hpp"
 #include "fsdp-ckpt-shard/cli.hpp"
 
@@ -311,6 +312,26 @@ std::string shard_like_tool(const std::vector<std::string>& args, py::object cal
   return write_like_tool(sh, std::move(callback), [&] { return ckpt::shard(ckpt::open_checkpoint(o.input), o.output, sh, o.flags.dry_run); });
 }
 
+// fsdp-ckpt-inspect diff|stats ARGS --json, in this process: its report.
+std::string inspect_like_tool(const std::vector<std::string>& args) {
+  fsdp_tools::InspectCliOptions o;
+  fsdp_tools::InspectApp a = fsdp_tools::make_inspect_app(o);
+  auto filters = parse_like_tool(*a.app, "fsdp-ckpt-inspect", args);
+  std::ostringstream out;
+  if (a.command() == fsdp_tools::InspectCommand::kDiff) {
+    ckpt::DiffOptions d = checked([&] { return fsdp_tools::to_diff(o, std::move(filters)); });
+    py::gil_scoped_release unlocked;
+    ckpt::diff(d, out);
+  } else if (a.command() == fsdp_tools::InspectCommand::kStats) {
+    const ckpt::StatsOptions st = fsdp_tools::to_stats(o);
+    py::gil_scoped_release unlocked;
+    ckpt::stats(st, out);
+  } else {
+    throw py::value_error("diff or stats");
+  }
+  return out.str();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -339,4 +360,5 @@ PYBIND11_MODULE(_native, m) {
   m.def("verify", &verify, py::arg("path"), py::arg("deep") = false);
   m.def("merge", &merge_like_tool, py::arg("args"), py::arg("progress") = py::none());
   m.def("shard", &shard_like_tool, py::arg("args"), py::arg("progress") = py::none());
+  m.def("inspect", &inspect_like_tool, py::arg("args"));
 }

@@ -11,6 +11,7 @@ numpy, python3-torch and python3-h5py:
   hostile pickle runs (its payload would run `echo`, we check no process was made);
 - verify(deep=True) of a sound checkpoint is empty, of a truncated one names offsets;
 - two threads read at once (the GIL released) and get what one thread gets;
+- diff() and stats() report what the tool's --json reports;
 - merge() and shard() write what the tools write, byte for byte (two merges in two threads at
   once included), with the tools' defaults and usage errors (as ValueError); a progress callback
   is called, and one that raises stops the merge with nothing left behind; Ctrl-C (SIGINT) stops a
@@ -223,6 +224,17 @@ with tempfile.TemporaryDirectory(prefix="fsdp-python-write-") as work:
             check(False, f"merge({bad}) did not raise")
         except (ValueError, fsdp_tools.CheckpointError) as e:
             check(words in str(e), f"merge({bad}): {e}")
+
+    # diff() and stats() report what the tool's --json does.
+    def cli_json(*args):
+        r = subprocess.run([a.inspect, *args, "--json"], capture_output=True, text=True)
+        return json.loads(r.stdout)
+
+    check(fsdp_tools.diff(src, out("py.pt")) == cli_json("diff", src, out("py.pt")), "diff() is not diff --json's report")
+    fsdp_tools.merge(src, out("bf16.pt"), dtype="bf16")
+    check(not fsdp_tools.diff(src, out("bf16.pt"))["equal"] and fsdp_tools.diff(src, out("bf16.pt"), rtol=1e-2)["equal"],
+          "diff() of a bfloat16 merge: unequal exactly, equal within rtol 1e-2")
+    check(fsdp_tools.stats(src, tensor="model.*") == cli_json("stats", src, "--tensor", "model.*"), "stats() is not stats --json's")
 
     def stop(done, total):
         raise RuntimeError("enough")
