@@ -24,6 +24,7 @@
 #include "ckpt/ops/inspect.hpp"
 #include "ckpt/open.hpp"
 #include "ckpt/ops/merge.hpp"
+#include "ckpt/ops/validate.hpp"
 #include "ckpt/ops/result.hpp"
 #include "ckpt/ops/shard.hpp"
 #include "fsdp-ckpt-inspect/cli.hpp"
@@ -64,26 +65,22 @@ std::string numpy_format(ckpt::DType d) {
   }
 }
 
-// A vector's bytes as a numpy array that owns them (no copy).
-py::array as_array(std::vector<std::byte> bytes, const std::string& format, const std::vector<std::int64_t>& shape) {
-  auto* owned = new std::vector<std::byte>(std::move(bytes));
-  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<std::byte>*>(p); });
-  const py::dtype dt(format);
-  std::vector<py::ssize_t> dims(shape.begin(), shape.end()), strides(shape.size());
-  py::ssize_t stride = dt.itemsize();
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= static_cast<py::ssize_t>(shape[i]);
-  }
-  return py::array(dt, dims, strides, owned->data(), free_when_done);
+// An uninitialized C-contiguous numpy array.
+py::array empty_array(const std::string& format, const ckpt::Dims& shape) {
+  return py::array(py::dtype(format), std::vector<py::ssize_t>(shape.begin(), shape.end()));
 }
+
+std::span<std::byte> bytes_of(py::array& a) { return {static_cast<std::byte*>(a.mutable_data()), static_cast<std::size_t>(a.nbytes())}; }
 
 class PyCheckpoint {
  public:
   explicit PyCheckpoint(std::string path) : path_(std::move(path)) {
     py::gil_scoped_release unlocked;
     c_ = std::make_unique<ckpt::Checkpoint>(ckpt::open_checkpoint(path_));
-    reader_ = std::make_unique<ckpt::ChunkReader>(*c_);
+    // As every tool that reads tensors: checked arithmetic on every shape and range first (and so
+    // chunks that neither overlap nor leave holes, which tensor() relies on).
+    ckpt::require_valid_index(*c_);
+    reader_ = std::make_unique<ckpt::ChunkReader>(*c_, ckpt::FileAccess::kRead);  // pread: no page faults on a mapping
   }
 
   // inspect --json of it (with meta: --meta, reopened keeping the metadata trees).
@@ -121,21 +118,20 @@ class PyCheckpoint {
       throw ckpt::Error(ckpt::ErrorKind::kInvalidArgument, path_, std::nullopt,
                         contains(name) ? "'" + name + "' is not a tensor" : "no entry '" + name + "'");
     }
-    std::vector<std::byte> bytes;
-    ckpt::DType dtype = t->dtype;
+    const ckpt::DType dtype = t->dtype;
+    const bool cast = float32 && ckpt::is_castable_float(dtype) && dtype != ckpt::DType::kFloat32 && dtype != ckpt::DType::kFloat64 &&
+                      dtype != ckpt::DType::kFloat16;
+    py::array out = empty_array(numpy_format(cast ? ckpt::DType::kFloat32 : dtype), t->shape);
+    std::span<std::byte> to = bytes_of(out);
     {
       py::gil_scoped_release unlocked;
-      bytes = ckpt::read_elements(*reader_, *t, 0, t->numel());
-      if (float32 && ckpt::is_castable_float(dtype) && dtype != ckpt::DType::kFloat32 && dtype != ckpt::DType::kFloat64 &&
-          dtype != ckpt::DType::kFloat16) {
-        std::vector<std::byte> wide(static_cast<std::size_t>(t->numel()) * 4);
-        ckpt::cast(bytes, dtype, wide, ckpt::DType::kFloat32);
-        bytes = std::move(wide);
-        dtype = ckpt::DType::kFloat32;
+      if (cast) {
+        ckpt::cast(ckpt::read_elements(*reader_, *t, 0, t->numel()), dtype, to, ckpt::DType::kFloat32);
+      } else {
+        ckpt::read_elements(*reader_, *t, 0, t->numel(), to);
       }
     }
-    const std::vector<std::int64_t> shape(t->shape.begin(), t->shape.end());
-    return py::make_tuple(as_array(std::move(bytes), numpy_format(dtype), shape), std::string(ckpt::name(t->dtype)));
+    return py::make_tuple(out, std::string(ckpt::name(dtype)));
   }
 
   const std::string& path() const noexcept { return path_; }

@@ -253,5 +253,9 @@ std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape
 /// encoded item is decoded whole first). Elements no chunk holds are zeros. Throws what read()
 /// throws, and kInvalidArgument for a range past the tensor's end.
 std::vector<std::byte> read_elements(const ChunkReader& reader, const TensorEntry& tensor, std::uint64_t begin, std::uint64_t end);
+/// The same into `out`, which holds (end - begin) elements. It is cleared first only where the
+/// chunks' parts in the range do not add up to it exactly (in an index require_valid_index passes,
+/// chunks neither overlap nor leave holes): a caller may pass memory it has not initialized.
+void read_elements(const ChunkReader& reader, const TensorEntry& tensor, std::uint64_t begin, std::uint64_t end, std::span<std::byte> out);
 
 }  // namespace ckpt

@@ -3,6 +3,8 @@
 // the ItemDecoder the opening driver left in Checkpoint::items.
 #include "ckpt/checkpoint.hpp"
 
+#include <cstring>
+
 #include "ckpt/error.hpp"
 #include "ckpt/sharding.hpp"
 #include "index/item_decoder.hpp"
@@ -105,15 +107,28 @@ pickle::ValuePtr ChunkReader::object_value(const ObjectEntry& entry) const {
 }
 
 std::vector<std::byte> read_elements(const ChunkReader& reader, const TensorEntry& tensor, std::uint64_t begin, std::uint64_t end) {
+  std::vector<std::byte> out(static_cast<std::size_t>(end > begin ? end - begin : 0) * element_size(tensor.dtype));
+  read_elements(reader, tensor, begin, end, out);
+  return out;
+}
+
+void read_elements(const ChunkReader& reader, const TensorEntry& tensor, std::uint64_t begin, std::uint64_t end, std::span<std::byte> out) {
   const std::uint64_t numel = box_volume(tensor.shape);
   if (begin > end || end > numel) {
     throw Error(ErrorKind::kInvalidArgument, "elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") of '" + tensor.name +
                                                  "', which has " + std::to_string(numel));
   }
   const std::size_t es = element_size(tensor.dtype);
-  std::vector<std::byte> out(static_cast<std::size_t>(end - begin) * es);
+  if (out.size() != static_cast<std::size_t>(end - begin) * es) internal_error("read_elements: the output is not the range's size");
   const std::vector<Box> boxes = flat_range_boxes(tensor.shape, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end));
   const Dims origin(std::vector<std::int64_t>(tensor.shape.size(), 0));
+  std::uint64_t covered = 0;
+  for (const Chunk& chunk : tensor.chunks) {
+    for (const Box& box : boxes) {
+      if (const std::optional<Box> part = intersect(box.offsets, box.sizes, chunk.offsets, chunk.sizes)) covered += box_volume(part->sizes);
+    }
+  }
+  if (covered != end - begin) std::memset(out.data(), 0, out.size());
   for (const Chunk& chunk : tensor.chunks) {
     if (box_volume(chunk.sizes) == 0) continue;
     std::optional<ChunkData> d;  // read once, when a box needs it
@@ -151,7 +166,6 @@ std::vector<std::byte> read_elements(const ChunkReader& reader, const TensorEntr
       }
     }
   }
-  return out;
 }
 
 }  // namespace ckpt
