@@ -30,10 +30,8 @@ std::string fqn_prefix(const std::string& child, const torch::nn::Module& m) {
 
 using detail::numel_of;
 
-bool by_module(const WrapPolicy& p) { return p.min_num_params <= 0 && (p.own_unit || !p.module_types.empty()); }
-bool wraps_whole(const WrapPolicy& p, const std::string& path, const torch::nn::Module& m) {
-  return (p.own_unit && p.own_unit(path)) || detail::type_named(p.module_types, m.name());
-}
+using detail::by_module;
+bool wraps_whole(const WrapPolicy& p, const std::string& path, const torch::nn::Module& m) { return detail::accepts(p, path, m.name()); }
 
 // Appends the module(s) forward runs for `owner`'s child `index` at `path`: the child, or, when
 // it is a Chain the policy opens (WrapPolicy), its children's, recursively.

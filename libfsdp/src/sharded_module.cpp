@@ -148,10 +148,11 @@ using detail::numel_of;
 
 // Whether the policy makes (or checkpoints) this point, by path, by the wrapped type's name, or
 // by size; the default policy takes every point.
-bool chosen(const WrapPolicy& policy, const std::string& path, const detail::UnitPoint& point, const torch::nn::Module& m) {
-  if (policy.min_num_params > 0) return numel_of(m) >= policy.min_num_params;
-  if (!policy.own_unit && policy.module_types.empty()) return true;
-  return (policy.own_unit && policy.own_unit(path)) || detail::type_named(policy.module_types, point.type_name());
+detail::UnitPoint& point_of(const ShardedModule::Point& p) { return dynamic_cast<detail::UnitPoint&>(*p.module); }
+
+bool chosen(const WrapPolicy& policy, const ShardedModule::Point& p) {
+  if (policy.min_num_params > 0) return numel_of(*p.module) >= policy.min_num_params;
+  return !detail::by_module(policy) || detail::accepts(policy, p.path, point_of(p).type_name());
 }
 
 }  // namespace
@@ -178,8 +179,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, ProcessGro
   std::vector<int> owner_of_point(points_.size(), -1);  // point -> unit number
   std::vector<std::size_t> unit_point;                   // unit number -> point
   for (std::size_t i = 0; i < points_.size(); ++i) {
-    const auto* point = dynamic_cast<const detail::UnitPoint*>(points_[i].module);
-    if (chosen(policy, points_[i].path, *point, *points_[i].module) && numel_of(*points_[i].module) > 0) {
+    if (chosen(policy, points_[i]) && numel_of(*points_[i].module) > 0) {
       owner_of_point[i] = static_cast<int>(unit_point.size());
       unit_point.push_back(i);
     }
@@ -218,22 +218,21 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, ProcessGro
     else points_[unit_point[static_cast<std::size_t>(u)]].unit = &unit;
   }
   for (std::size_t i = 0; i < points_.size(); ++i) {
-    auto* point = dynamic_cast<detail::UnitPoint*>(points_[i].module);
-    point->model_ = this;
-    point->index_ = i;
+    point_of(points_[i]).model_ = this;
+    point_of(points_[i]).index_ = i;
   }
   install_grad_hooks();
   broadcast_buffers();
 }
 
 ShardedModule::~ShardedModule() {
-  for (const Point& p : points_) dynamic_cast<detail::UnitPoint*>(p.module)->model_ = nullptr;
+  for (const Point& p : points_) point_of(p).model_ = nullptr;
 }
 
 std::vector<std::pair<std::string, const torch::nn::Module*>> ShardedModule::state_roots() const { return {{std::string(), root_.get()}}; }
 
 void ShardedModule::set_activation_checkpointing(const WrapPolicy& which) {
-  for (Point& p : points_) p.checkpointed = chosen(which, p.path, *dynamic_cast<const detail::UnitPoint*>(p.module), *p.module);
+  for (Point& p : points_) p.checkpointed = chosen(which, p);
 }
 
 torch::Tensor ShardedModule::cast_input(const torch::Tensor& t) const {

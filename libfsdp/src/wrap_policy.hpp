@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "fsdp/fully_sharded.hpp"
+
 namespace fsdp::detail {
 
 inline std::int64_t numel_of(const torch::nn::Module& m) {
@@ -26,6 +28,14 @@ inline bool type_named(const std::set<std::string>& types, const std::string& wh
   std::string_view holder = bare;
   if (holder.size() > 4 && holder.substr(holder.size() - 4) == "Impl") holder.remove_suffix(4);
   return types.count(whole) > 0 || types.count(std::string(bare)) > 0 || types.count(std::string(holder)) > 0;
+}
+
+/// Whether the policy chooses modules by path or type name (else by size, or not at all).
+inline bool by_module(const WrapPolicy& p) { return p.min_num_params <= 0 && (p.own_unit || !p.module_types.empty()); }
+
+/// Whether the policy's path or type names accept the module at `path` of type `type_name`.
+inline bool accepts(const WrapPolicy& p, const std::string& path, const std::string& type_name) {
+  return (p.own_unit && p.own_unit(path)) || type_named(p.module_types, type_name);
 }
 
 }  // namespace fsdp::detail
