@@ -99,7 +99,7 @@ class Checkpoint:
         return self._metadata
 
     def __len__(self):
-        return len(self._native.names())
+        return len(self._native)
 
     def __iter__(self):
         return iter(self._native.names())
@@ -173,18 +173,20 @@ def _run(native, args, *rest):
         raise ValueError(re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), str(e))) from None
 
 
-_MERGE_FLAGS = ("model_only", "strict_cast", "force", "verify", "dry_run")
+_MERGE_FLAGS = ("model_only", "strict_cast", "hf_config", "force", "verify", "dry_run")
 _MERGE_LISTS = ("cast_include", "include", "exclude", "rename")
 
 
 def merge(src, dst=None, *, format=None, layout=None, key=None, dtype=None, cast_include=(), strict_cast=False,  # noqa: A002
-          include=(), exclude=(), model_only=False, max_shard_size=None, rename=(), strip_prefix=None, force=False,
-          verify=False, threads=None, dry_run=False, progress=None):
+          include=(), exclude=(), model_only=False, max_shard_size=None, rename=(), strip_prefix=None, hf_config=False,
+          force=False, verify=False, threads=None, dry_run=False, progress=None):
     """`fsdp-ckpt-merge SRC -o DST ...` in this process, with the same options and defaults: one
     full file (torch.save; safetensors, or Hugging Face shards in a directory with max_shard_size;
     HDF5), written atomically. format: "torch", "safetensors" or "hdf5" (default: DST's extension,
     else torch); dst default: SRC.consolidated. include and exclude (globs over FQNs) apply
-    includes first, then excludes; rename: "s/REGEX/REPLACEMENT/" strings, in order. progress:
+    includes first, then excludes; rename: "s/REGEX/REPLACEMENT/" strings, in order; hf_config:
+    Hugging Face's config.json beside a safetensors output (inside a max_shard_size directory),
+    for an fsdp-train --model llama checkpoint, listed among the files written. progress:
     called as progress(bytes_done, bytes_total) at most every 0.1 s; if it raises, the merge stops,
     nothing is left behind, and the exception propagates. Ctrl-C stops it the same way.
 
@@ -193,7 +195,8 @@ def merge(src, dst=None, *, format=None, layout=None, key=None, dtype=None, cast
     args = [str(src)] + (["-o", str(dst)] if dst is not None else [])
     args += _command_line(dict(format=format, layout=layout, key=key, dtype=dtype, cast_include=cast_include, strict_cast=strict_cast,
                                include=include, exclude=exclude, model_only=model_only, max_shard_size=max_shard_size, rename=rename,
-                               strip_prefix=strip_prefix, force=force, verify=verify, threads=threads, dry_run=dry_run),
+                               strip_prefix=strip_prefix, hf_config=hf_config, force=force, verify=verify, threads=threads,
+                               dry_run=dry_run),
                           _MERGE_FLAGS, _MERGE_LISTS)
     return _run(_native.merge, args, progress)
 

@@ -40,8 +40,8 @@ def stats(path: str | os.PathLike[str], *, tensor: Optional[str] = ..., threads:
 def merge(src: str | os.PathLike[str], dst: Optional[str | os.PathLike[str]] = ..., *, format: Optional[str] = ..., layout: Optional[str] = ...,
           key: Optional[str] = ..., dtype: Optional[str] = ..., cast_include: Sequence[str] = ..., strict_cast: bool = ...,
           include: Sequence[str] = ..., exclude: Sequence[str] = ..., model_only: bool = ..., max_shard_size: Optional[str] = ...,
-          rename: Sequence[str] = ..., strip_prefix: Optional[str] = ..., force: bool = ..., verify: bool = ..., threads: Optional[int] = ...,
-          dry_run: bool = ..., progress: Optional[Callable[[int, int], object]] = ...) -> dict[str, Any]: ...
+          rename: Sequence[str] = ..., strip_prefix: Optional[str] = ..., hf_config: bool = ..., force: bool = ..., verify: bool = ...,
+          threads: Optional[int] = ..., dry_run: bool = ..., progress: Optional[Callable[[int, int], object]] = ...) -> dict[str, Any]: ...
 def shard(src: str | os.PathLike[str], dst: str | os.PathLike[str], world_size: int, *, layout: Optional[str] = ..., format: Optional[str] = ...,
           replicate: Sequence[str] = ..., files_per_rank: Optional[int] = ..., compress: Optional[str] = ..., dtype: Optional[str] = ...,
           cast_include: Sequence[str] = ..., strict_cast: bool = ..., key: Optional[str] = ..., max_memory: Optional[str] = ...,

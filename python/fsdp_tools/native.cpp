@@ -95,6 +95,8 @@ class PyCheckpoint {
     return out.str();
   }
 
+  std::size_t size() const { return c_->tensors.size() + c_->objects.size(); }
+
   std::vector<std::string> names() const {
     std::vector<std::string> out;
     for (const auto& t : c_->tensors) out.push_back(t.name);
@@ -295,8 +297,7 @@ std::string merge_like_tool(const std::vector<std::string>& args, py::object cal
     o.output = fsdp_tools::merge_output(o, r);
     return r;
   });
-  if (o.hf_config) throw py::value_error("--hf-config is fsdp-ckpt-merge's alone");
-  return write_like_tool(m, std::move(callback), [&] { return ckpt::merge(ckpt::open_checkpoint(o.input), o.output, m, o.flags.dry_run); });
+  return write_like_tool(m, std::move(callback), [&] { return fsdp_tools::run_merge(o, m); });
 }
 
 // fsdp-ckpt-shard ARGS --json, in this process (one process: no RANK of a launcher applies).
@@ -350,6 +351,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<std::string>(), py::arg("path"))
       .def("describe", &PyCheckpoint::describe, py::arg("meta") = false)
       .def("names", &PyCheckpoint::names)
+      .def("__len__", &PyCheckpoint::size)
       .def("contains", &PyCheckpoint::contains)
       .def("tensor", &PyCheckpoint::tensor, py::arg("name"), py::arg("float32") = false)
       .def_property_readonly("path", &PyCheckpoint::path);

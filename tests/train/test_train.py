@@ -14,6 +14,7 @@
 - launching by --nproc and by environment variables (torchrun's and SLURM's), a killed rank, SIGTERM, `latest` skipping an
   incomplete or damaged checkpoint, SIGKILL at every step of a save, bad data; under PyTorch's own torchrun too."""
 import argparse
+import filecmp
 import fnmatch
 import json
 import os
@@ -33,6 +34,7 @@ p.add_argument("--merge", required=True)
 p.add_argument("--inspect", required=True)
 p.add_argument("--text", required=True)
 p.add_argument("--probe", help="ckpt_probe: also hold the direct .metadata reader to the tree reader's index")
+p.add_argument("--python-dir", help="BUILD/python: also merge with fsdp_tools.merge(), as the tool does")
 a = p.parse_args()
 torch = import_torch()
 sys.path.insert(0, os.path.dirname(__file__))
@@ -354,6 +356,15 @@ def llama():
     written = json.load(open(os.path.join(work, "llama4", "config.json")))
     assert {k: written.get(k) for k in config} == config, (written, config)
     assert written["torch_dtype"] == "float32", written
+    if a.python_dir:  # the same merge from Python: the same two files, config.json among those it lists
+        sys.path.insert(0, a.python_dir)
+        import fsdp_tools
+        py_out = os.path.join(work, "llama4-py", "model.safetensors")
+        os.makedirs(os.path.dirname(py_out))
+        res = fsdp_tools.merge(os.path.join(d, "step-00000004"), py_out, model_only=True, hf_config=True)
+        for f in ("model.safetensors", "config.json"):
+            assert filecmp.cmp(os.path.join(work, "llama4", f), os.path.join(work, "llama4-py", f), shallow=False), f
+        assert [os.path.basename(f["path"]) for f in res["files"]] == ["model.safetensors", "config.json"], res["files"]
     _, tensors = read_safetensors(out)
     state = {k: torch.frombuffer(bytearray(b), dtype=torch.float32).reshape(shape_) for k, (dt, shape_, b) in tensors.items()
              if dt == "F32"}
@@ -367,6 +378,19 @@ def llama():
     with torch.no_grad():
         theirs = hf.loss(model, x, y).item()
     assert close(theirs, l2[5], 1e-5), f"LlamaForCausalLM's loss {theirs!r} after step 4, ours {l2[5]!r}"
+    # Into a Hugging Face folder of shards: config.json inside; run again with --force, it replaces the folder, config.json
+    # included, but not a folder that holds anything else.
+    hf_dir = os.path.join(work, "llama4-shards")
+    for force in ([], ["--force"]):
+        r = subprocess.run([a.merge, os.path.join(d, "step-00000004"), "-o", hf_dir, "--model-only", "--max-shard-size", "100KB", "--hf-config"]
+                           + force, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert filecmp.cmp(os.path.join(hf_dir, "config.json"), os.path.join(work, "llama4", "config.json"), shallow=False)
+    open(os.path.join(hf_dir, "notes.txt"), "w").write("mine")
+    r = subprocess.run([a.merge, os.path.join(d, "step-00000004"), "-o", hf_dir, "--model-only", "--max-shard-size", "100KB", "--hf-config",
+                        "--force"], capture_output=True, text=True)
+    assert r.returncode == 1 and "'notes.txt', which is not part of a Hugging Face model folder" in r.stderr, r.stderr
+    assert open(os.path.join(hf_dir, "notes.txt")).read() == "mine"
     r = subprocess.run([a.merge, os.path.join(d, "step-00000004"), "-o", os.path.join(work, "llama4.pt"), "--hf-config"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--hf-config: applies to safetensors output only" in r.stderr, r.stderr

@@ -4,7 +4,9 @@
 #include <filesystem>
 
 #include "ckpt/cast.hpp"
+#include "ckpt/open.hpp"
 #include "common/cli_common.hpp"
+#include "fsdp-ckpt-merge/hf_config.hpp"
 
 namespace fsdp_tools {
 
@@ -94,6 +96,12 @@ std::string merge_output(const MergeCliOptions& o, const ckpt::MergeOptions& m) 
                                            "), or --max-shard-size for a directory of safetensors shards");
   }
   return o.output;
+}
+
+ckpt::WriteResult run_merge(const MergeCliOptions& o, ckpt::MergeOptions m) {
+  const ckpt::Checkpoint input = ckpt::open_checkpoint(o.input);
+  if (o.hf_config) m.hf_config = llama_hf_config(input, m.dtype);
+  return ckpt::merge(input, o.output, m, o.flags.dry_run);
 }
 
 }  // namespace fsdp_tools

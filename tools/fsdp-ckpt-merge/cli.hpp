@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // fsdp-ckpt-merge's command line: the options struct (the single source of defaults), make_app(),
-// and the translation into ckpt::MergeOptions.
+// the translation into ckpt::MergeOptions, and the merge they describe (run_merge, which the tool
+// and the Python module both call).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -38,5 +39,9 @@ ckpt::MergeOptions to_merge(const MergeCliOptions& o, std::vector<ckpt::EntryFil
 /// otherwise than what is written: a directory (a trailing '/') for a file, a file's extension
 /// for a --max-shard-size directory, an extension of another format than --format's.
 std::string merge_output(const MergeCliOptions& o, const ckpt::MergeOptions& m);
+
+/// The merge of `o.input` into `o.output` (after merge_output) by `m`, with --hf-config's
+/// config.json (MergeOptions::hf_config). Throws as ckpt::merge and llama_hf_config do.
+ckpt::WriteResult run_merge(const MergeCliOptions& o, ckpt::MergeOptions m);
 
 }  // namespace fsdp_tools

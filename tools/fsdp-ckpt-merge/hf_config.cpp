@@ -67,8 +67,4 @@ std::string llama_hf_config(const ckpt::Checkpoint& input, std::optional<ckpt::D
   return j.dump(2) + "\n";
 }
 
-std::filesystem::path hf_config_path(const std::filesystem::path& output, bool directory) {
-  return directory ? output / "config.json" : output.parent_path() / "config.json";
-}
-
 }  // namespace fsdp_tools

@@ -3,7 +3,6 @@
 // configuration its checkpoint keeps (meta.pt's `config`, or a full file's top-level `config`).
 #pragma once
 
-#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -17,9 +16,5 @@ namespace fsdp_tools {
 /// torch_dtype is `dtype`'s name (the merge's --dtype), float32 without one. Throws ckpt::Error
 /// kInvalidArgument, naming the input, when it holds no fsdp-train llama configuration.
 std::string llama_hf_config(const ckpt::Checkpoint& input, std::optional<ckpt::DType> dtype);
-
-/// Where config.json goes for a merge into `output`: inside a directory output (--max-shard-size),
-/// beside a file.
-std::filesystem::path hf_config_path(const std::filesystem::path& output, bool directory);
 
 }  // namespace fsdp_tools

@@ -1,17 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // fsdp-ckpt-merge: options -> one library call (ckpt::merge) -> what was written, on stdout.
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 
 #include "ckpt/checkpoint.hpp"
-#include "ckpt/io.hpp"
-#include "ckpt/open.hpp"
 #include "common/cli_common.hpp"
 #include "common/progress_bar.hpp"
 #include "common/run_tool.hpp"
 #include "fsdp-ckpt-merge/cli.hpp"
-#include "fsdp-ckpt-merge/hf_config.hpp"
 
 int main(int argc, char** argv) {
   fsdp_tools::MergeCliOptions options;
@@ -31,23 +27,9 @@ int main(int argc, char** argv) {
   return fsdp_tools::run_tool("fsdp-ckpt-merge", [&] {
     fsdp_tools::ProgressBar progress("fsdp-ckpt-merge", flags.quiet || flags.dry_run, flags.quiet);
     merge.progress = &progress;
-    const ckpt::Checkpoint input = ckpt::open_checkpoint(options.input);
-    // --hf-config: made and its place checked before anything is written.
-    std::optional<std::string> config;
-    const std::filesystem::path config_path = fsdp_tools::hf_config_path(options.output, merge.max_shard_size.has_value());
-    if (options.hf_config) {
-      config = fsdp_tools::llama_hf_config(input, merge.dtype);
-      if (!merge.max_shard_size) ckpt::check_output(config_path, ckpt::OutputKind::kFile, merge.overwrite);  // a directory output is the merge's to check
-    }
-    const ckpt::MergeResult result = ckpt::merge(input, options.output, merge, flags.dry_run);
-    if (config && !flags.dry_run) {
-      auto sink = ckpt::open_file_sink(config_path, merge.overwrite);
-      sink->write(config->data(), config->size());
-      sink->commit();
-    }
+    const ckpt::WriteResult result = fsdp_tools::run_merge(options, merge);
     if (flags.json) std::cout << ckpt::to_json(result);
     else if (!flags.quiet || flags.dry_run) ckpt::print_text(result, std::cout);  // -q: errors only
-    if (config && !flags.json && !flags.quiet) std::cout << (flags.dry_run ? "would write " : "wrote ") << config_path.string() << "\n";
     return 0;
   });
 }

@@ -101,7 +101,11 @@ enum class OutputKind {
   kFile,                  ///< one file: torch.save, safetensors, HDF5
   kDcpDirectory,          ///< a DCP directory: .metadata, *.distcp, Lightning's meta.pt, Megatron's common.pt
   kSafetensorsDirectory,  ///< Hugging Face shards: *.safetensors and their *.safetensors.index.json
+  kHuggingFaceFolder,     ///< those shards and the model's config.json (kHuggingFaceConfigName)
 };
+
+/// The model's configuration in a Hugging Face model folder.
+inline constexpr const char* kHuggingFaceConfigName = "config.json";
 
 /// Refuses to write at `output` unless nothing is there or, with Overwrite::kYes, what is there may
 /// be replaced: a file, a symbolic link (itself, not what it points to), an empty directory, or a

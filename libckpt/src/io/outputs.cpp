@@ -55,6 +55,8 @@ bool written_by(OutputKind kind, std::string_view name) {
              name == "meta.pt" || name == "common.pt" || name == "metadata.json";
     case OutputKind::kSafetensorsDirectory:
       return ends_with(name, ".safetensors") || ends_with(name, ".safetensors.index.json");
+    case OutputKind::kHuggingFaceFolder:
+      return written_by(OutputKind::kSafetensorsDirectory, name) || name == kHuggingFaceConfigName;
   }
   return false;
 }
@@ -64,6 +66,7 @@ std::string_view kind_text(OutputKind kind) {
     case OutputKind::kFile: return "a file";
     case OutputKind::kDcpDirectory: return "a DCP checkpoint directory";
     case OutputKind::kSafetensorsDirectory: return "a directory of safetensors shards";
+    case OutputKind::kHuggingFaceFolder: return "a Hugging Face model folder (safetensors shards and config.json)";
   }
   return "";
 }

@@ -191,9 +191,16 @@ class Merger {
     if (o_.format == MergeFormat::kHdf5 && !out_.in_file_system()) {
       throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "HDF5 is written to a file only (libhdf5 lays the file out by its name)");
     }
+    const bool shards = o_.format == MergeFormat::kSafetensors && o_.max_shard_size;
+    if (o_.hf_config && o_.format != MergeFormat::kSafetensors) {
+      throw Error(ErrorKind::kInvalidArgument, output_.string(), std::nullopt, "config.json goes with a safetensors output only");
+    }
+    if (o_.hf_config && !shards && !out_.in_file_system()) {
+      throw Error(ErrorKind::kUnsupported, output_.string(), std::nullopt, "config.json goes beside a file in the file system, or into a directory output");
+    }
     if (!dry_run) {
-      const bool shards = o_.format == MergeFormat::kSafetensors && o_.max_shard_size;
-      out_.prepare(shards ? OutputKind::kSafetensorsDirectory : OutputKind::kFile, o_.progress);
+      out_.prepare(shards ? (o_.hf_config ? OutputKind::kHuggingFaceFolder : OutputKind::kSafetensorsDirectory) : OutputKind::kFile, o_.progress);
+      if (o_.hf_config && !shards) check_output(config_beside(), OutputKind::kFile, o_.overwrite);
     }
     collect();
     check_selection();
@@ -696,6 +703,7 @@ class Merger {
     std::vector<std::uint32_t>().swap(named_leaves);
     const std::string index = std::move(set.index);
     if (!index.empty()) result.files.push_back({output_ / kSafetensorsIndexName, index.size(), 0});
+    if (o_.hf_config) result.files.push_back({dir ? output_ / kHuggingFaceConfigName : config_beside(), o_.hf_config->size(), 0});
     result.dropped = dropped_;
     note_left_out("safetensors");
     if (dry_run) return result;
@@ -713,13 +721,19 @@ class Merger {
       before_commit();
       sink->commit();
     }
-    if (!index.empty()) {
-      auto sink = out_.directory().sequential(kSafetensorsIndexName);
-      sink->write(index.data(), index.size());
-      sink->commit();
-    }
+    if (!index.empty()) write_whole(out_.directory().sequential(kSafetensorsIndexName), index);
+    if (o_.hf_config && dir) write_whole(out_.directory().sequential(kHuggingFaceConfigName), *o_.hf_config);
     if (dir) out_.commit_directory();
+    if (o_.hf_config && !dir) write_whole(open_file_sink(config_beside(), o_.overwrite), *o_.hf_config);
     return result;
+  }
+
+  // Where config.json goes beside a file output.
+  std::filesystem::path config_beside() const { return output_.parent_path() / kHuggingFaceConfigName; }
+
+  static void write_whole(std::unique_ptr<ByteSink> sink, const std::string& text) {
+    sink->write(text.data(), text.size());
+    sink->commit();
   }
 
   MergeResult hdf5(bool dry_run) {

@@ -166,6 +166,10 @@ TEST_CASE("with --force an output replaces a file, an empty directory or an outp
   CHECK(refused(p / "hf", ckpt::OutputKind::kSafetensorsDirectory).empty());
   std::ofstream(p / "hf" / "config.json") << "{}";
   CHECK_THAT(refused(p / "hf", ckpt::OutputKind::kSafetensorsDirectory), Catch::Contains("'config.json'"));
+  CHECK(refused(p / "hf", ckpt::OutputKind::kHuggingFaceFolder).empty());  // a merge that writes a config.json
+  std::ofstream(p / "hf" / "README.md") << "notes";
+  CHECK_THAT(refused(p / "hf", ckpt::OutputKind::kHuggingFaceFolder), Catch::Contains("'README.md', which is not part of a Hugging Face model folder"));
+  std::filesystem::remove(p / "hf" / "README.md");
   // a file sink replaces a file, and a directory only when check_output allows it, once complete
   auto sink = ckpt::open_file_sink(p / "empty", ckpt::Overwrite::kYes);
   sink->write("new", 3);

@@ -46,6 +46,10 @@ struct MergeOptions {
   /// safetensors: the Hugging Face sharded layout in a directory, files of at most this size
   /// (a tensor larger than it gets a file of its own).
   std::optional<std::uint64_t> max_shard_size;
+  /// safetensors: Hugging Face's config.json (its text), written into a max_shard_size directory
+  /// with the shards (the output is then a Hugging Face model folder, OutputKind::kHuggingFaceFolder)
+  /// or beside a file output in the file system once the file is in place; listed among the files.
+  std::optional<std::string> hf_config;
   Overwrite overwrite = Overwrite::kNo;
   unsigned threads = 0;                       ///< 0: the machine's cores
   /// Fill MergeResult::entries (about 200 bytes an entry); false: only its files, counts and bytes.
