@@ -68,30 +68,39 @@ class Checkpoint:
 
     @property
     def path(self):
+        """The path it was opened from."""
         return self._native.path
 
     @property
     def format(self):
+        """The format: "dcp", "torch_save", "safetensors", "hdf5", ... (as fsdp-ckpt-inspect names it)."""
         return self._description()["format"]
 
     @property
     def writer(self):
+        """What wrote it, as far as it shows (a torch version, Lightning, Megatron, ...), or None."""
         return self._description()["writer"]
 
     @property
     def world_size(self):
+        """DCP: the number of ranks whose files it names; None for a single-file format."""
         return self._description()["world_size"]
 
     @property
     def files(self):
+        """Its files, each {"path", "size"}."""
         return self._description()["files"]
 
     @property
     def entries(self):
+        """Its entries in order, each {"name", "kind", ...}: a tensor's dtype, shape, nbytes and chunks (file and byte
+        range each), as `fsdp-ckpt-inspect --json` lists them."""
         return self._description()["entries"]
 
     @property
     def metadata(self):
+        """Its metadata trees (DCP's .metadata beyond the tensors, meta.pt, ...) as plain Python values: an
+        object of a class is a dict naming its module, name and args. Read on first use."""
         if self._metadata is None:
             described = _json.loads(self._native.describe(True))
             self._metadata = dict(described.get("meta_json", {}))
@@ -106,6 +115,11 @@ class Checkpoint:
 
     def __contains__(self, name):
         return self._native.contains(name)
+
+    def verify(self, deep=False):
+        """Every problem verify() finds in this checkpoint (read again from its path), as a list of
+        dicts {"path", "offset", "message"}; empty when sound."""
+        return verify(self.path, deep)
 
     def tensor(self, name, float32=False, torch=False):
         """The whole tensor `name` as a numpy array, read from the bytes that hold it alone.

@@ -120,6 +120,7 @@ with tempfile.TemporaryDirectory(prefix="fsdp-python-") as work:
                                   f"{label}: {name} differs from h5py's")
                     f.visititems(visit)
         check(fsdp_tools.verify(src, deep=True) == [], f"{base}: verify --deep found problems")
+        check(fsdp_tools.open(src).verify() == [], f"{base}: ckpt.verify() found problems")
 
     # The hostile corpus: refused entries raise or fail verify; nothing of theirs runs.
     bad = os.path.join(a.testdata, "bad")
