@@ -210,7 +210,7 @@ void FlatUnit::set_param_dtype(std::optional<c10::ScalarType> dtype) {
 }
 
 void FlatUnit::prefetch() {
-  if (full_.defined() || prefetched_.defined() || strategy_ == ShardingStrategy::kNoShard) return;
+  if (full_.defined() || prefetched_.defined() || whole_here()) return;
   torch::NoGradGuard no_grad;
   prefetch_input_ = shard_in_compute_dtype();
   prefetched_ = torch::empty({padded_}, prefetch_input_.options().requires_grad(false));
@@ -224,7 +224,7 @@ void FlatUnit::gather() {
     prefetch_.wait();
     full_ = std::exchange(prefetched_, torch::Tensor());
     prefetch_input_ = torch::Tensor();
-  } else if (strategy_ == ShardingStrategy::kNoShard) {
+  } else if (whole_here()) {
     full_ = shard_in_compute_dtype();  // without a param dtype: the very tensor the optimizer steps
   } else {
     const torch::Tensor mine = shard_in_compute_dtype();
@@ -250,19 +250,25 @@ void FlatUnit::release() {
 
 torch::Tensor FlatUnit::take_gradients() {
   torch::NoGradGuard no_grad;
-  torch::Tensor grads = torch::zeros({padded_}, shard_.options().device(compute_device_).requires_grad(false));
+  // Every element is written once: a gradient, or zero where a parameter has none and in the padding.
+  torch::Tensor grads = torch::empty({padded_}, shard_.options().device(compute_device_).requires_grad(false));
+  grads.narrow(0, total_, padded_ - total_).zero_();
   for (Param& p : params_) {
-    if (p.tensor.grad().defined()) grads.narrow(0, p.offset, p.numel).copy_(p.tensor.grad().reshape({-1}));
+    if (p.alias_of >= 0) continue;  // the Parameter met first under another name: its region is done
+    torch::Tensor region = grads.narrow(0, p.offset, p.numel);
+    if (p.tensor.grad().defined()) region.copy_(p.tensor.grad().reshape({-1}));
+    else region.zero_();
     p.tensor.mutable_grad() = torch::Tensor();
   }
   return grads;
 }
 
-void FlatUnit::add_grad(const torch::Tensor& slice) {
+void FlatUnit::add_grad(torch::Tensor slice) {
   torch::NoGradGuard no_grad;
-  // Where the shard is (the host, offloaded), in its dtype.
-  if (shard_.grad().defined()) shard_.mutable_grad().add_(slice.to(shard_.device(), shard_.scalar_type()));  // accumulation across backward calls
-  else shard_.mutable_grad() = slice.to(shard_.device(), shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  // Where the shard is (the host, offloaded), in its dtype: `slice` itself when it is so already.
+  slice = slice.to(shard_.device(), shard_.scalar_type());
+  if (shard_.grad().defined()) shard_.mutable_grad().add_(slice);  // accumulation across backward calls
+  else shard_.mutable_grad() = std::move(slice);
 }
 
 void FlatUnit::reduce_gradients(std::optional<c10::ScalarType> reduce_dtype) {
@@ -274,9 +280,10 @@ void FlatUnit::start_reduction(std::optional<c10::ScalarType> reduce_dtype) {
   finish_reduction();  // one at a time: the slice it adds to is the same
   torch::Tensor grads = take_gradients();
   if (reduce_dtype) grads = grads.to(*reduce_dtype);
-  if (strategy_ == ShardingStrategy::kNoShard) {
-    group_.all_reduce(grads, ReduceOp::kAvg);
-    add_grad(grads);
+  if (whole_here()) {
+    group_.all_reduce(grads, ReduceOp::kAvg);                        // NO_SHARD (a group of one: nothing)
+    if (replicate_) replicate_->all_reduce(grads, ReduceOp::kAvg);  // HYBRID_SHARD of one rank a replica
+    add_grad(std::move(grads));
     return;
   }
   reduced_ = torch::empty({shard_.numel()}, grads.options());
@@ -288,7 +295,7 @@ void FlatUnit::finish_reduction() {
   torch::Tensor mine = std::exchange(reduced_, torch::Tensor());
   reduction_.wait();
   if (replicate_) replicate_->all_reduce(mine, ReduceOp::kAvg);  // HYBRID_SHARD: across the replicas
-  add_grad(mine);
+  add_grad(std::move(mine));
 }
 
 std::vector<torch::Tensor> FlatUnit::unflatten(const torch::Tensor& slice) {
@@ -702,6 +709,9 @@ void ShardedModel::backward(const torch::Tensor& loss, bool sync) {
     if (strategy_ == ShardingStrategy::kNoShard) {
       group_.all_reduce(bucket, ReduceOp::kAvg);
       mine = bucket;
+    } else if (world == 1) {  // a shard group of one: the bucket is this rank's slices
+      mine = bucket;
+      if (replicate_) replicate_->all_reduce(mine, ReduceOp::kAvg);
     } else {
       mine = torch::empty({slice_total}, bucket.options());
       shard_group_.reduce_scatter(mine, bucket, ReduceOp::kAvg);

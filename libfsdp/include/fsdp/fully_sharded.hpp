@@ -104,8 +104,9 @@ class FlatUnit {
   /// The module's gradients as one padded flat buffer (zeros where a parameter has none); the
   /// module's own gradients are cleared. reduce_gradients() is this, a collective, and add_grad.
   torch::Tensor take_gradients();
-  /// Adds `slice` (laid out as shard(), any dtype: cast to the shard's) to shard().grad().
-  void add_grad(const torch::Tensor& slice);
+  /// Adds `slice` (laid out as shard(), any dtype: cast to the shard's) to shard().grad(), which
+  /// may become `slice` itself: the caller gives it up.
+  void add_grad(torch::Tensor slice);
   /// Every parameter's full value of a tensor laid out as shard() is (an optimizer moment: this
   /// rank's slice of a flat buffer), in params() order: all-gathered, then split by parameter.
   /// A collective (but not with NO_SHARD, where `slice` is the whole buffer).
@@ -143,6 +144,9 @@ class FlatUnit {
   c10::TensorOptions compute_options() const;
   /// This rank's slice as the full values are computed in (the shard itself without param_dtype).
   torch::Tensor shard_in_compute_dtype() const;
+  /// Whether this rank's shard holds the whole unit: NO_SHARD, or a shard group of one (where
+  /// PyTorch's FSDP switches to NO_SHARD): the full values are the shard's, with no all-gather.
+  bool whole_here() const noexcept { return strategy_ == ShardingStrategy::kNoShard || group_.size() == 1; }
 
   ProcessGroup& group_;
   ProcessGroup* replicate_;
