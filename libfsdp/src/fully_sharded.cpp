@@ -502,6 +502,17 @@ FlatUnit& ShardedModel::make_unit(const std::vector<std::pair<std::string, torch
   return *units_.back();
 }
 
+void ShardedModel::order_units(const std::vector<FlatUnit*>& order) {
+  std::vector<std::unique_ptr<FlatUnit>> ordered;
+  for (FlatUnit* u : order) {
+    auto it = std::find_if(units_.begin(), units_.end(), [u](const std::unique_ptr<FlatUnit>& x) { return x.get() == u; });
+    if (it == units_.end() || !*it) throw Error("order_units: a unit that is not the model's, or one named twice");
+    ordered.push_back(std::move(*it));
+  }
+  if (ordered.size() != units_.size()) throw Error("order_units: not every unit");
+  units_ = std::move(ordered);
+}
+
 FlatUnit& ShardedModel::make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members) {
   return make_unit(named_parameters_of(members));
 }

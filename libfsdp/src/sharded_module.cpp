@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "c10d_compat.hpp"
 #include "fsdp/error.hpp"
@@ -140,6 +141,14 @@ bool UnitPoint::checkpointing(const std::vector<torch::Tensor>& inputs) const {
 
 void UnitPoint::leave(const std::vector<torch::Tensor>& outputs) { model_->leave(index_, outputs); }
 
+namespace {
+thread_local ShardedModule* deferred_model = nullptr;  // whose root this thread is making (deferred initialization)
+}  // namespace
+
+void UnitPoint::made(torch::nn::Module& self) {
+  if (deferred_model) deferred_model->made(self, type_name());
+}
+
 }  // namespace detail
 
 namespace {
@@ -149,6 +158,11 @@ using detail::numel_of;
 // Whether the policy makes (or checkpoints) this point, by path, by the wrapped type's name, or
 // by size; the default policy takes every point.
 detail::UnitPoint& point_of(const ShardedModule::Point& p) { return dynamic_cast<detail::UnitPoint&>(*p.module); }
+
+Error tied_at_construction(const std::string& path) {
+  return Error("'" + path + "' shares a Parameter with another module (a weight tied across units), which deferred initialization cannot " +
+               "shard as it is made: make the module first");
+}
 
 bool chosen(const WrapPolicy& policy, const ShardedModule::Point& p) {
   if (policy.min_num_params > 0) return numel_of(*p.module) >= policy.min_num_params;
@@ -165,6 +179,51 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, DeviceMesh
 ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, ProcessGroup& group, ProcessGroup& shard_group, ProcessGroup* replicate,
                              ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy)
     : ShardedModel(group, shard_group, replicate, strategy, mixed), root_(std::move(root)) {
+  make_units(policy);
+}
+
+ShardedModule::ShardedModule(const std::function<std::shared_ptr<torch::nn::Module>()>& make, ProcessGroup& group, ShardingStrategy strategy,
+                             MixedPrecision mixed, const WrapPolicy& policy)
+    : ShardedModel(group, group, nullptr, strategy, mixed) {
+  if (strategy == ShardingStrategy::kHybridShard) throw Error("deferred initialization is not supported under HYBRID_SHARD: make the module first");
+  if (policy.min_num_params <= 0 && policy.own_unit) {
+    throw Error("deferred initialization chooses units by type or size as each is made; a policy by path needs the whole module: make it first");
+  }
+  if (detail::deferred_model) throw Error("a FullyShardedModule's factory made another FullyShardedModule from a factory");
+  deferred_policy_ = &policy;
+  detail::deferred_model = this;
+  try {
+    root_ = make();
+  } catch (...) {
+    detail::deferred_model = nullptr;
+    throw;
+  }
+  detail::deferred_model = nullptr;
+  if (!root_) throw Error("the factory of a FullyShardedModule made no module");
+  make_units(policy);
+  deferred_policy_ = nullptr;
+  made_.clear();
+  made_numel_.clear();
+}
+
+void ShardedModule::made(torch::nn::Module& module, const std::string& type_name) {
+  // Its parameters at their full sizes, those of Sharded submodules made before it included.
+  std::int64_t full = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> fresh;  // those no unit holds yet
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const auto it = made_numel_.find(item.value().unsafeGetTensorImpl());
+    full += it != made_numel_.end() ? it->second : item.value().numel();
+    if (it == made_numel_.end()) fresh.emplace_back(item.key(), item.value());
+  }
+  const WrapPolicy& policy = *deferred_policy_;
+  const bool chosen = policy.min_num_params > 0 ? full >= policy.min_num_params
+                                                : !detail::by_module(policy) || detail::type_named(policy.module_types, type_name);
+  if (!chosen || fresh.empty()) return;
+  for (const auto& [name, t] : fresh) made_numel_.emplace(t.unsafeGetTensorImpl(), t.numel());
+  made_.emplace(&module, &make_unit(fresh));  // named under the module's place once it is known
+}
+
+void ShardedModule::make_units(const WrapPolicy& policy) {
   cast_buffers(*root_);
   // The points, outermost first (named_modules' order), and which are units.
   for (const auto& item : root_->named_modules("", /*include_self=*/false)) {
@@ -178,8 +237,9 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, ProcessGro
   // gathered whenever either runs.
   std::vector<int> owner_of_point(points_.size(), -1);  // point -> unit number
   std::vector<std::size_t> unit_point;                   // unit number -> point
+  const bool deferred = deferred_policy_ != nullptr;  // the points' units are made already (made_)
   for (std::size_t i = 0; i < points_.size(); ++i) {
-    if (chosen(policy, points_[i]) && numel_of(*points_[i].module) > 0) {
+    if (deferred ? made_.count(points_[i].module) > 0 : chosen(policy, points_[i]) && numel_of(*points_[i].module) > 0) {
       owner_of_point[i] = static_cast<int>(unit_point.size());
       unit_point.push_back(i);
     }
@@ -212,10 +272,32 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, ProcessGro
     if (m.empty()) order.push_back(owner[k]);
     m.emplace_back(params[k].key(), params[k].value());
   }
+  std::vector<FlatUnit*> units;
   for (int u : order) {
-    FlatUnit& unit = make_unit(members.at(u));
-    if (u < 0) root_unit_ = &unit;
-    else points_[unit_point[static_cast<std::size_t>(u)]].unit = &unit;
+    if (u < 0) {
+      root_unit_ = &make_unit(members.at(u));
+      units.push_back(root_unit_);
+      continue;
+    }
+    Point& point = points_[unit_point[static_cast<std::size_t>(u)]];
+    if (deferred) {
+      point.unit = made_.at(point.module);
+      std::set<const void*> want, has;
+      for (const auto& [fqn, t] : members.at(u)) want.insert(t.unsafeGetTensorImpl());
+      for (const FlatUnit::Param& p : point.unit->params()) has.insert(p.tensor.unsafeGetTensorImpl());
+      if (want != has) throw tied_at_construction(point.path);
+      point.unit->name_under(point.path);
+    } else {
+      point.unit = &make_unit(members.at(u));
+    }
+    units.push_back(point.unit);
+  }
+  if (deferred) {
+    for (const Point& p : points_) {  // a unit made whose every Parameter is shared with another module
+      const auto made = made_.find(p.module);
+      if (made != made_.end() && std::find(units.begin(), units.end(), made->second) == units.end()) throw tied_at_construction(p.path);
+    }
+    order_units(units);  // as a module made whole orders them
   }
   for (std::size_t i = 0; i < points_.size(); ++i) {
     point_of(points_[i]).model_ = this;

@@ -29,6 +29,12 @@ namespace {
 
 constexpr int kBatch = 12, kSteps = 4, kDim = 8;
 
+// Deferred initialization: the blocks made so far, and how many of their parameters still held
+// their full values when a later block was made (none should, once sharded).
+bool check_deferred = false;
+std::vector<torch::nn::Module*> blocks_made;
+int held_whole = 0;
+
 // Two inputs, two outputs, a buffer, dropout.
 struct BlockImpl : torch::nn::Module {
   BlockImpl()
@@ -36,6 +42,12 @@ struct BlockImpl : torch::nn::Module {
         gate(register_module("gate", torch::nn::Linear(kDim, kDim))),
         drop(register_module("drop", torch::nn::Dropout(0.25))) {
     scale = register_buffer("scale", torch::rand({kDim}) + 0.5);
+    if (check_deferred) {
+      for (torch::nn::Module* before : blocks_made) {
+        for (const auto& p : before->parameters()) held_whole += p.numel() > 0 ? 1 : 0;
+      }
+      blocks_made.push_back(this);
+    }
   }
   std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& context) {
     ++calls;
@@ -170,7 +182,9 @@ int rank_main(const std::string& strategy_name) {
   // FSDP_TEST_BF16: MixedPrecision with bfloat16 parameters, reductions and buffers.
   const bool bf16 = std::getenv("FSDP_TEST_BF16") != nullptr;
   const fsdp::MixedPrecision mixed = bf16 ? fsdp::MixedPrecision{torch::kBFloat16, torch::kBFloat16, torch::kBFloat16} : fsdp::MixedPrecision{};
-  auto net = make_net<true>();
+  // FSDP_TEST_DEFERRED: the module made by a factory, each block sharded as it is made.
+  const bool deferred = std::getenv("FSDP_TEST_DEFERRED") != nullptr;
+  auto net = deferred ? nullptr : make_net<true>();
   const fsdp::OptimizerOptions sgd{fsdp::OptimizerKind::kSgd, 0.1, 0.9, 0.999, 1e-8, 0.0, 0.0};
   // Made directly, or (FSDP_TEST_STRATEGY) by fsdp::Strategy's setup_module from its options.
   std::unique_ptr<fsdp::DeviceMesh> mesh;
@@ -190,7 +204,11 @@ int rank_main(const std::string& strategy_name) {
     model = &fabric->setup_module(net);
     optimizer = &fabric->setup_optimizer(sgd);
   } else {
-    if (strategy == fsdp::ShardingStrategy::kHybridShard) {
+    if (deferred) {
+      check_deferred = strategy != fsdp::ShardingStrategy::kNoShard;  // NO_SHARD computes with the full values
+      owned = std::make_unique<fsdp::FullyShardedModule<NetImpl<true>>>([] { return make_net<true>(); }, pg, strategy, mixed, policy_of(how));
+      net = owned->ptr();
+    } else if (strategy == fsdp::ShardingStrategy::kHybridShard) {
       mesh = std::make_unique<fsdp::DeviceMesh>(pg, 2, pg.size() / 2);
       owned = std::make_unique<fsdp::FullyShardedModule<NetImpl<true>>>(net, *mesh, strategy, mixed, policy_of(how));
     } else {
@@ -203,6 +221,10 @@ int rank_main(const std::string& strategy_name) {
   }
   fsdp::ShardedOptimizer& opt = *optimizer;
   int bad = 0;
+  if (held_whole > 0 || (check_deferred && blocks_made.size() != 2)) {
+    std::cerr << "rank " << pg.rank() << ": " << held_whole << " parameters of blocks made before another still held their full values\n";
+    bad = 1;
+  }
   const std::size_t want_units = how == "hand" ? 4 : 3;  // the root's (in), b0, b1 and, by hand, out
   if (model->units().size() != want_units || !model->root_unit()) {
     std::cerr << "rank " << pg.rank() << ": " << model->units().size() << " units, want " << want_units << "\n";
@@ -327,4 +349,40 @@ TEST_CASE("fsdp module: fsdp::Strategy sets up a module of its own by type with 
   CHECK(ranks_with("SHARD_GRAD_OP", 3, {{"FSDP_TEST_STRATEGY", "1"}, {"FSDP_TEST_POLICY", "size"}, {"FSDP_TEST_STEPS", "4"},
                                        {"FSDP_TEST_FIRST_STEP", "2"}, {"FSDP_TEST_LOAD_DIR", dir.string()}, {"FSDP_TEST_SAVED_AT", "2"}}));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("fsdp module: deferred initialization (each block sharded as it is made) by hand and by type and by size equals the reference", "[fsdp]") {
+  SECTION("by hand, FULL_SHARD at 2") { CHECK(ranks_with("FULL_SHARD", 2, {{"FSDP_TEST_DEFERRED", "1"}})); }
+  SECTION("by type, SHARD_GRAD_OP at 3, checkpointed") {
+    CHECK(ranks_with("SHARD_GRAD_OP", 3, {{"FSDP_TEST_DEFERRED", "1"}, {"FSDP_TEST_POLICY", "type"}, {"FSDP_TEST_CHECKPOINT", "1"}}));
+  }
+  SECTION("by size, FULL_SHARD at 3") { CHECK(ranks_with("FULL_SHARD", 3, {{"FSDP_TEST_DEFERRED", "1"}, {"FSDP_TEST_POLICY", "size"}})); }
+  SECTION("by size, NO_SHARD at 2") { CHECK(ranks_with("NO_SHARD", 2, {{"FSDP_TEST_DEFERRED", "1"}, {"FSDP_TEST_POLICY", "size"}})); }
+}
+
+namespace {
+// A module whose two Sharded blocks share one Linear: the tie crosses units.
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    shared = torch::nn::Linear(kDim, kDim);
+    a = register_module("a", std::make_shared<fsdp::Sharded<torch::nn::SequentialImpl>>(shared));
+    b = register_module("b", std::make_shared<fsdp::Sharded<torch::nn::SequentialImpl>>(shared));
+  }
+  torch::nn::Linear shared{nullptr};
+  std::shared_ptr<fsdp::Sharded<torch::nn::SequentialImpl>> a, b;
+};
+}  // namespace
+
+TEST_CASE("fsdp module: deferred initialization refuses a policy by path and a weight tied across units", "[fsdp]") {
+  fsdp::ProcessGroup pg(*fsdp::Rendezvous::from_environment({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(fsdp_test::free_port())}}),
+                        fsdp::Backend::kGloo, std::chrono::seconds(10));
+  fsdp::WrapPolicy by_path;
+  by_path.own_unit = [](const std::string& path) { return path == "b0"; };
+  CHECK_THROWS_WITH(fsdp::FullyShardedModule<NetImpl<true>>([] { return make_net<true>(); }, pg, fsdp::ShardingStrategy::kFullShard, {}, by_path),
+                    Catch::Contains("a policy by path needs the whole module"));
+  CHECK_THROWS_WITH(fsdp::FullyShardedModule<TiedImpl>([] { return std::make_shared<TiedImpl>(); }, pg, fsdp::ShardingStrategy::kFullShard),
+                    Catch::Contains("'a' shares a Parameter with another module"));
+  // Made whole, the same module shards: the tied weight joins the root's unit.
+  fsdp::FullyShardedModule<TiedImpl> whole(std::make_shared<TiedImpl>(), pg, fsdp::ShardingStrategy::kFullShard);
+  CHECK(whole.root_unit() != nullptr);
 }

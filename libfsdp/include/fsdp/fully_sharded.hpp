@@ -135,6 +135,10 @@ class FlatUnit {
   /// The optimizer's parameter: this rank's slice (NO_SHARD: all of it).
   torch::Tensor& shard() noexcept { return shard_; }
   const std::vector<Param>& params() const noexcept { return params_; }
+  /// Puts every parameter's FQN under `prefix` (a unit made before its module's place was known).
+  void name_under(const std::string& prefix) {
+    for (Param& p : params_) p.fqn = prefix + "." + p.fqn;
+  }
   bool gathered() const noexcept { return full_.defined(); }
   std::int64_t padded_numel() const noexcept { return padded_; }
 
@@ -295,6 +299,8 @@ class ShardedModel {
 
   /// One unit over these parameters, by FQN (a Parameter met again is an alias), in the param dtype.
   FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::Tensor>>& params);
+  /// units() in this order (the same units).
+  void order_units(const std::vector<FlatUnit*>& order);
   FlatUnit& make_unit(const std::vector<std::pair<std::string, torch::nn::Module*>>& members);
   void cast_buffers(torch::nn::Module& m);  ///< to MixedPrecision's buffer_dtype
   void broadcast_buffers();                 ///< rank 0's to every rank

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -90,6 +91,9 @@ class UnitPoint {
   virtual std::string type_name() const = 0;
 
  protected:
+  /// At the end of the Sharded submodule's construction: under deferred initialization (a
+  /// FullyShardedModule made from a factory, on this thread), its unit is made and sharded now.
+  void made(torch::nn::Module& self);
   bool sharded() const noexcept { return model_ != nullptr; }
   /// Before the wrapped forward: the unit gathered (and, forward prefetch, the next one started).
   void enter();
@@ -117,7 +121,11 @@ class UnitPoint {
 template <class Impl>
 class Sharded : public Impl, public detail::UnitPoint {
  public:
-  using Impl::Impl;
+  template <class... A>
+    requires std::is_constructible_v<Impl, A&&...> && (!(std::is_same_v<std::decay_t<A>, Sharded> || ...))
+  explicit Sharded(A&&... args) : Impl(std::forward<A>(args)...) {
+    made(*this);
+  }
 
   std::string type_name() const override { return c10::demangle(typeid(Impl).name()); }
 
@@ -180,6 +188,11 @@ class ShardedModule : public ShardedModel {
                 ShardingStrategy strategy, MixedPrecision mixed, const WrapPolicy& policy);
   ShardedModule(std::shared_ptr<torch::nn::Module> root, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed,
                 const WrapPolicy& policy);
+  /// Deferred initialization: the root made by `make`, each Sharded submodule's unit made and
+  /// sharded as soon as the submodule is (its full values freed then, before the next one is made).
+  ShardedModule(const std::function<std::shared_ptr<torch::nn::Module>()>& make, ProcessGroup& group, ShardingStrategy strategy,
+                MixedPrecision mixed, const WrapPolicy& policy);
+  const std::shared_ptr<torch::nn::Module>& root() const noexcept { return root_; }
   /// Around the root's forward: the root unit gathered; after it, freed unless backward follows
   /// (some output requires grad), as FSDP keeps the root's parameters from forward into backward.
   void begin_forward();
@@ -190,6 +203,11 @@ class ShardedModule : public ShardedModel {
  private:
   friend class detail::UnitPoint;
   std::vector<std::pair<std::string, const torch::nn::Module*>> state_roots() const override;
+  /// The units of the points and the root's, in the order of their first parameters; under
+  /// deferred initialization the points' units are made already (made_).
+  void make_units(const WrapPolicy& policy);
+  /// Deferred initialization: a Sharded submodule made now.
+  void made(torch::nn::Module& module, const std::string& type_name);
   void enter(std::size_t point);
   void leave(std::size_t point, const std::vector<torch::Tensor>& outputs);
 
@@ -197,6 +215,11 @@ class ShardedModule : public ShardedModel {
   std::vector<Point> points_;
   FlatUnit* root_unit_ = nullptr;
   std::vector<FlatUnit*> order_, last_order_;  ///< the point units as this forward ran them, and the last one
+  // Deferred initialization, while the root is made: the policy, the units made so far by
+  // submodule, and the full size of each parameter they hold.
+  const WrapPolicy* deferred_policy_ = nullptr;
+  std::map<const torch::nn::Module*, FlatUnit*> made_;
+  std::map<const void*, std::int64_t> made_numel_;
 };
 
 /// Any module sharded: its Sharded submodules are units (as the policy chooses), the root unit
@@ -211,6 +234,18 @@ class FullyShardedModule final : public ShardedModule {
   FullyShardedModule(std::shared_ptr<Impl> module, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed = {},
                      const WrapPolicy& policy = {})
       : ShardedModule(module, mesh, strategy, mixed, policy), module_(std::move(module)) {}
+  /// FSDP's deferred initialization (a model built on the meta device and materialized unit by
+  /// unit): the module made by `make`, each Sharded submodule the policy chooses (by type or size:
+  /// a policy by path needs the whole model, and is refused) made into its unit and sharded as
+  /// soon as it is constructed, so no rank ever holds the whole model unsharded; what no unit
+  /// holds is the root's unit. Made in the same order from the same seed, the values equal the
+  /// module made whole. The factory makes the module in the dtype and on the device it computes
+  /// in. A Parameter shared by a unit and another module cannot be sharded this way (throws
+  /// fsdp::Error). Not HYBRID_SHARD.
+  FullyShardedModule(const std::function<std::shared_ptr<Impl>()>& make, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {},
+                     const WrapPolicy& policy = {})
+      : ShardedModule([&make] { return std::shared_ptr<torch::nn::Module>(make()); }, group, strategy, mixed, policy),
+        module_(std::static_pointer_cast<Impl>(root())) {}
 
   template <class... Args>
   auto forward(Args&&... args) {
