@@ -183,7 +183,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> root, ProcessGro
 }
 
 ShardedModule::ShardedModule(const std::function<std::shared_ptr<torch::nn::Module>()>& make, ProcessGroup& group, ShardingStrategy strategy,
-                             MixedPrecision mixed, const WrapPolicy& policy)
+                             MixedPrecision mixed, const WrapPolicy& policy, const std::function<void(torch::nn::Module&)>& prepare)
     : ShardedModel(group, group, nullptr, strategy, mixed) {
   if (strategy == ShardingStrategy::kHybridShard) throw Error("deferred initialization is not supported under HYBRID_SHARD: make the module first");
   if (policy.min_num_params <= 0 && policy.own_unit) {
@@ -191,6 +191,7 @@ ShardedModule::ShardedModule(const std::function<std::shared_ptr<torch::nn::Modu
   }
   if (detail::deferred_model) throw Error("a FullyShardedModule's factory made another FullyShardedModule from a factory");
   deferred_policy_ = &policy;
+  prepare_ = prepare ? &prepare : nullptr;
   detail::deferred_model = this;
   try {
     root_ = make();
@@ -200,8 +201,10 @@ ShardedModule::ShardedModule(const std::function<std::shared_ptr<torch::nn::Modu
   }
   detail::deferred_model = nullptr;
   if (!root_) throw Error("the factory of a FullyShardedModule made no module");
+  if (prepare_) (*prepare_)(*root_);
   make_units(policy);
   deferred_policy_ = nullptr;
+  prepare_ = nullptr;
   made_.clear();
   made_numel_.clear();
 }
@@ -219,6 +222,7 @@ void ShardedModule::made(torch::nn::Module& module, const std::string& type_name
   const bool chosen = policy.min_num_params > 0 ? full >= policy.min_num_params
                                                 : !detail::by_module(policy) || detail::type_named(policy.module_types, type_name);
   if (!chosen || fresh.empty()) return;
+  if (prepare_) (*prepare_)(module);  // the Parameters stay themselves (set_data): `fresh` holds them
   for (const auto& [name, t] : fresh) made_numel_.emplace(t.unsafeGetTensorImpl(), t.numel());
   made_.emplace(&module, &make_unit(fresh));  // named under the module's place once it is known
 }

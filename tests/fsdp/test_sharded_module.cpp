@@ -201,7 +201,13 @@ int rank_main(const std::string& strategy_name) {
     if (checkpointing) o.activation_checkpointing_policy = policy_of("type");
     fabric = std::make_unique<fsdp::Strategy>(o);
     fabric->setup_environment({});
-    model = &fabric->setup_module(net);
+    if (deferred) {
+      check_deferred = strategy != fsdp::ShardingStrategy::kNoShard;
+      model = &fabric->setup_module<NetImpl<true>>([] { return make_net<true>(); });
+      net = model->ptr();
+    } else {
+      model = &fabric->setup_module(net);
+    }
     optimizer = &fabric->setup_optimizer(sgd);
   } else {
     if (deferred) {
@@ -358,6 +364,9 @@ TEST_CASE("fsdp module: deferred initialization (each block sharded as it is mad
   }
   SECTION("by size, FULL_SHARD at 3") { CHECK(ranks_with("FULL_SHARD", 3, {{"FSDP_TEST_DEFERRED", "1"}, {"FSDP_TEST_POLICY", "size"}})); }
   SECTION("by size, NO_SHARD at 2") { CHECK(ranks_with("NO_SHARD", 2, {{"FSDP_TEST_DEFERRED", "1"}, {"FSDP_TEST_POLICY", "size"}})); }
+  SECTION("through fsdp::Strategy by type, FULL_SHARD at 2, checkpointed") {
+    CHECK(ranks_with("FULL_SHARD", 2, {{"FSDP_TEST_DEFERRED", "1"}, {"FSDP_TEST_STRATEGY", "1"}, {"FSDP_TEST_POLICY", "type"}, {"FSDP_TEST_CHECKPOINT", "1"}}));
+  }
 }
 
 namespace {

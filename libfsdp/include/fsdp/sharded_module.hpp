@@ -189,9 +189,10 @@ class ShardedModule : public ShardedModel {
   ShardedModule(std::shared_ptr<torch::nn::Module> root, DeviceMesh& mesh, ShardingStrategy strategy, MixedPrecision mixed,
                 const WrapPolicy& policy);
   /// Deferred initialization: the root made by `make`, each Sharded submodule's unit made and
-  /// sharded as soon as the submodule is (its full values freed then, before the next one is made).
+  /// sharded as soon as the submodule is (its full values freed then, before the next one is made),
+  /// `prepare` (when set) applied to it first, and to the root before the root's unit.
   ShardedModule(const std::function<std::shared_ptr<torch::nn::Module>()>& make, ProcessGroup& group, ShardingStrategy strategy,
-                MixedPrecision mixed, const WrapPolicy& policy);
+                MixedPrecision mixed, const WrapPolicy& policy, const std::function<void(torch::nn::Module&)>& prepare);
   const std::shared_ptr<torch::nn::Module>& root() const noexcept { return root_; }
   /// Around the root's forward: the root unit gathered; after it, freed unless backward follows
   /// (some output requires grad), as FSDP keeps the root's parameters from forward into backward.
@@ -215,9 +216,10 @@ class ShardedModule : public ShardedModel {
   std::vector<Point> points_;
   FlatUnit* root_unit_ = nullptr;
   std::vector<FlatUnit*> order_, last_order_;  ///< the point units as this forward ran them, and the last one
-  // Deferred initialization, while the root is made: the policy, the units made so far by
-  // submodule, and the full size of each parameter they hold.
+  // Deferred initialization, while the root is made: the policy, `prepare`, the units made so far
+  // by submodule, and the full size of each parameter they hold.
   const WrapPolicy* deferred_policy_ = nullptr;
+  const std::function<void(torch::nn::Module&)>* prepare_ = nullptr;
   std::map<const torch::nn::Module*, FlatUnit*> made_;
   std::map<const void*, std::int64_t> made_numel_;
 };
@@ -239,12 +241,14 @@ class FullyShardedModule final : public ShardedModule {
   /// a policy by path needs the whole model, and is refused) made into its unit and sharded as
   /// soon as it is constructed, so no rank ever holds the whole model unsharded; what no unit
   /// holds is the root's unit. Made in the same order from the same seed, the values equal the
-  /// module made whole. The factory makes the module in the dtype and on the device it computes
-  /// in. A Parameter shared by a unit and another module cannot be sharded this way (throws
-  /// fsdp::Error). Not HYBRID_SHARD.
+  /// module made whole. `prepare`, when set, is applied to each such submodule before it is
+  /// sharded and to the module before the root's unit (a dtype or device conversion, which must
+  /// leave what it converted already as it is); without it the factory makes the module in the
+  /// dtype and on the device it computes in. A Parameter shared by a unit and another module cannot
+  /// be sharded this way (throws fsdp::Error). Not HYBRID_SHARD.
   FullyShardedModule(const std::function<std::shared_ptr<Impl>()>& make, ProcessGroup& group, ShardingStrategy strategy, MixedPrecision mixed = {},
-                     const WrapPolicy& policy = {})
-      : ShardedModule([&make] { return std::shared_ptr<torch::nn::Module>(make()); }, group, strategy, mixed, policy),
+                     const WrapPolicy& policy = {}, const std::function<void(torch::nn::Module&)>& prepare = {})
+      : ShardedModule([&make] { return std::shared_ptr<torch::nn::Module>(make()); }, group, strategy, mixed, policy, prepare),
         module_(std::static_pointer_cast<Impl>(root())) {}
 
   template <class... Args>

@@ -152,6 +152,17 @@ class Strategy {
                          : std::make_unique<FullyShardedModule<Impl>>(std::move(module), group(), sharding_, mixed(), policy());
     return static_cast<FullyShardedModule<Impl>&>(adopt(std::move(wrapped)));
   }
+  /// module_init_context(empty_init=True)'s counterpart for any module: `make` builds it, and each
+  /// fsdp::Sharded submodule the auto_wrap_policy chooses (by type or size) is converted to the
+  /// precision and device and sharded as soon as it is made (FullyShardedModule's deferred
+  /// initialization), so no rank holds the whole model unsharded. Not under HYBRID_SHARD (throws
+  /// fsdp::Error). Call it as setup_module<NetImpl>(factory).
+  template <class Impl>
+  FullyShardedModule<Impl>& setup_module(const std::function<std::shared_ptr<Impl>()>& make) {
+    if (mesh_) throw Error("deferred initialization (a module made by a factory) is not available under HYBRID_SHARD; make the module whole");
+    auto wrapped = std::make_unique<FullyShardedModule<Impl>>(make, group(), sharding_, mixed(), policy(), [this](torch::nn::Module& m) { prepare(m); });
+    return static_cast<FullyShardedModule<Impl>&>(adopt(std::move(wrapped)));
+  }
   /// An optimizer over the model's shards (setup_module first). The strategy owns it.
   ShardedOptimizer& setup_optimizer(const OptimizerOptions& options);
   /// Checks that a torch optimizer steps the model's shards: one made before setup_module (over
