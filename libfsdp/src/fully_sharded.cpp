@@ -717,12 +717,11 @@ void ShardedModel::backward(const torch::Tensor& loss, bool sync) {
       at += n;
     }
     torch::Tensor mine;
-    if (strategy_ == ShardingStrategy::kNoShard) {
+    if (strategy_ == ShardingStrategy::kNoShard || world == 1) {
+      // Every rank's bucket is whole: averaged over the world (under HYBRID_SHARD with shards of
+      // one rank, the replicas; a world of one, nothing).
       group_.all_reduce(bucket, ReduceOp::kAvg);
       mine = bucket;
-    } else if (world == 1) {  // a shard group of one: the bucket is this rank's slices
-      mine = bucket;
-      if (replicate_) replicate_->all_reduce(mine, ReduceOp::kAvg);
     } else {
       mine = torch::empty({slice_total}, bucket.options());
       shard_group_.reduce_scatter(mine, bucket, ReduceOp::kAvg);

@@ -164,10 +164,11 @@ Error tied_at_construction(const std::string& path) {
                "shard as it is made: make the module first");
 }
 
-bool chosen(const WrapPolicy& policy, const ShardedModule::Point& p) {
-  if (policy.min_num_params > 0) return numel_of(*p.module) >= policy.min_num_params;
-  return !detail::by_module(policy) || detail::accepts(policy, p.path, point_of(p).type_name());
+bool chosen(const WrapPolicy& policy, std::int64_t numel, const std::string& path, const std::string& type_name) {
+  if (policy.min_num_params > 0) return numel >= policy.min_num_params;
+  return !detail::by_module(policy) || detail::accepts(policy, path, type_name);
 }
+bool chosen(const WrapPolicy& policy, const ShardedModule::Point& p) { return chosen(policy, numel_of(*p.module), p.path, point_of(p).type_name()); }
 
 }  // namespace
 
@@ -218,10 +219,8 @@ void ShardedModule::made(torch::nn::Module& module, const std::string& type_name
     full += it != made_numel_.end() ? it->second : item.value().numel();
     if (it == made_numel_.end()) fresh.emplace_back(item.key(), item.value());
   }
-  const WrapPolicy& policy = *deferred_policy_;
-  const bool chosen = policy.min_num_params > 0 ? full >= policy.min_num_params
-                                                : !detail::by_module(policy) || detail::type_named(policy.module_types, type_name);
-  if (!chosen || fresh.empty()) return;
+  // No path yet: a deferred policy chooses by type or size (the constructor refuses one by path).
+  if (!chosen(*deferred_policy_, full, std::string(), type_name) || fresh.empty()) return;
   if (prepare_) (*prepare_)(module);  // the Parameters stay themselves (set_data): `fresh` holds them
   for (const auto& [name, t] : fresh) made_numel_.emplace(t.unsafeGetTensorImpl(), t.numel());
   made_.emplace(&module, &make_unit(fresh));  // named under the module's place once it is known
