@@ -27,11 +27,14 @@ p.add_argument("--block-size", type=int, default=64)
 p.add_argument("--model", choices=["gpt", "llama"], default="gpt")
 p.add_argument("--n-kv-head", type=int, default=0, help="llama: 0 is --n-head")
 p.add_argument("--port", type=int, default=29533)
+p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: the cores shared among the ranks)")
+p.add_argument("--ready", help="a file to create when the model is built and the first step starts")
 a = p.parse_args()
+threads = a.threads or max(1, os.cpu_count() // a.world)
 # Each rank's BLAS threads are its share of the cores, as fsdp-train sets them (fsdp::set_num_threads)
 # and as torchrun's OMP_NUM_THREADS=1 does for its ranks; torch.set_num_threads below does not
 # reach OpenBLAS's own pool. Set before torch is imported: OpenBLAS reads it when it loads.
-os.environ["OPENBLAS_NUM_THREADS"] = str(max(1, os.cpu_count() // a.world))
+os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
 # And OpenMP's idle threads sleep, as in the ranks fsdp-train --nproc starts (unless set otherwise).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -39,7 +42,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 def rank_main(rank, world, out):
     import torch
     import gpt
-    torch.set_num_threads(max(1, os.cpu_count() // world))
+    torch.set_num_threads(threads)
     if world > 1:
         import torch.distributed as dist
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
@@ -60,6 +63,8 @@ def rank_main(rank, world, out):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
     tokens, train_end = gpt.text_tokens(a.data)
     times = []
+    if a.ready and rank == 0:
+        open(a.ready, "w").close()
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()
         x, y = gpt.batch(tokens, train_end, 1337, step, rank * a.batch_size, a.batch_size, a.block_size)

@@ -79,7 +79,7 @@ class TensorSource final : public ckpt::ByteSource {
   std::string name_ = "<tensor>";
 };
 
-ckpt::SourcePtr bytes_of(const torch::Tensor& t) { return std::make_shared<TensorSource>(t); }
+ckpt::SourcePtr source_of(const torch::Tensor& t) { return std::make_shared<TensorSource>(t); }
 
 /// A tensor of the state dict, described without chunks yet: `fqn`, its dtype and shape, its
 /// chunks in file number `file` of their ranks.
@@ -109,7 +109,7 @@ void fill(ckpt::DcpWriteTensor& w, int rank, const torch::Tensor& flat) {
   for (ckpt::DcpWriteChunk& c : w.chunks) {
     if (c.rank != rank) continue;
     const auto n = static_cast<std::int64_t>(ckpt::box_volume(c.sizes));
-    c.data = bytes_of(flat.narrow(0, at, n));
+    c.data = source_of(flat.narrow(0, at, n));
     at += n;
   }
 }
@@ -537,7 +537,7 @@ void save_full(const std::filesystem::path& file, ShardedModel& model, ProcessGr
     return builder.tensor(storage, p.shape);
   };
   auto in_memory = [&](const torch::Tensor& t) {
-    const std::size_t storage = builder.add_storage(to_ckpt(t.scalar_type()), bytes_of(t));
+    const std::size_t storage = builder.add_storage(to_ckpt(t.scalar_type()), source_of(t));
     return builder.tensor(storage, t.sizes().vec());
   };
   auto kept = [&](const std::string& fqn) { return !o.model_filter || o.model_filter(fqn); };

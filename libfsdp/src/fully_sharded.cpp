@@ -251,7 +251,11 @@ void FlatUnit::release() {
 torch::Tensor FlatUnit::take_gradients() {
   torch::NoGradGuard no_grad;
   // Every element is written once: a gradient, or zero where a parameter has none and in the padding.
-  torch::Tensor grads = torch::empty({padded_}, shard_.options().device(compute_device_).requires_grad(false));
+  // The shard's last gradient, once nothing else holds it (the optimizer's zero_grad() let it go):
+  // a new buffer of the whole unit would be new pages to fault in at every step.
+  torch::Tensor grads = std::exchange(spare_grad_, torch::Tensor());
+  const bool free = grads.defined() && grads.use_count() == 1 && grads.storage().use_count() == 1 && grads.device() == compute_device_;
+  if (!free) grads = torch::empty({padded_}, shard_.options().device(compute_device_).requires_grad(false));
   grads.narrow(0, total_, padded_ - total_).zero_();
   for (Param& p : params_) {
     if (p.alias_of >= 0) continue;  // the Parameter met first under another name: its region is done
@@ -284,6 +288,7 @@ void FlatUnit::start_reduction(std::optional<c10::ScalarType> reduce_dtype) {
     group_.all_reduce(grads, ReduceOp::kAvg);                        // NO_SHARD (a group of one: nothing)
     if (replicate_) replicate_->all_reduce(grads, ReduceOp::kAvg);  // HYBRID_SHARD of one rank a replica
     add_grad(std::move(grads));
+    spare_grad_ = shard_.grad();  // the size of the whole unit here, and held anyway until zero_grad()
     return;
   }
   reduced_ = torch::empty({shard_.numel()}, grads.options());

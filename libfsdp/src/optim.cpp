@@ -36,6 +36,20 @@ std::vector<const FlatUnit::Param*> model_params(const ShardedModel& model) {
 
 bool trainable(const FlatUnit::Param& p) { return p.tensor.requires_grad(); }
 
+// The sum of |g|^p over a flat gradient (p infinite: the largest |g|), as a float64 tensor of one
+// element. LibTorch's CPU norm accumulates a whole tensor in its own dtype, which over millions of
+// float32 elements loses digits; so each row of kRow elements is normed on its own (in float32 at
+// least) and the rows' powers summed in float64. One pass over the gradient, no copy of it.
+torch::Tensor power_sum(const torch::Tensor& g, double p) {
+  const c10::optional<c10::ScalarType> acc = g.element_size() < 4 ? c10::optional<c10::ScalarType>(torch::kFloat) : c10::nullopt;
+  if (std::isinf(p)) return at::linalg_vector_norm(g, p, c10::nullopt, false, acc).to(torch::kFloat64).reshape({1});
+  constexpr std::int64_t kRow = 4096;
+  const std::int64_t whole = g.numel() / kRow * kRow;
+  const torch::Tensor rows = at::linalg_vector_norm(g.narrow(0, 0, whole).view({-1, kRow}), p, std::vector<std::int64_t>{1}, false, acc);
+  const torch::Tensor tail = at::linalg_vector_norm(g.narrow(0, whole, g.numel() - whole), p, c10::nullopt, false, acc);
+  return torch::cat({rows, tail.reshape({1})}).to(torch::kFloat64).pow_(p).sum().reshape({1});
+}
+
 }  // namespace
 
 std::vector<ParamGroup> decay_groups(const ShardedModel& model, double weight_decay,
@@ -156,8 +170,7 @@ double ShardedOptimizer::clip_grad_norm(double max_norm, double norm_type, bool 
   torch::Tensor part;
   for (const auto& unit : model_.units()) {
     if (!unit || !unit->shard().grad().defined()) continue;
-    torch::Tensor g = unit->shard().grad().to(torch::kFloat64).abs_();
-    torch::Tensor s = (inf ? g.max() : norm_type == 2.0 ? g.square_().sum() : g.pow_(norm_type).sum()).reshape({1});
+    const torch::Tensor s = power_sum(unit->shard().grad(), norm_type);
     part = !part.defined() ? s : inf ? torch::maximum(part, s) : part + s;
   }
   if (!part.defined()) part = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64));

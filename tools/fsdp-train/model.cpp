@@ -138,6 +138,16 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
   return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
 }
 
+// The dtype's lowest finite value (torch.finfo(dtype).min).
+double lowest(c10::ScalarType t) {
+  switch (t) {
+    case torch::kHalf: return -65504.0;
+    case torch::kBFloat16: return -3.38953139e38;
+    case torch::kDouble: return std::numeric_limits<double>::lowest();
+    default: return std::numeric_limits<float>::lowest();
+  }
+}
+
 struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const ModelShape& s)
       : n_head(s.n_head), n_kv_head(s.n_kv_head > 0 ? s.n_kv_head : s.n_head), head_dim(s.n_embd / s.n_head), theta(s.rope_theta) {
@@ -146,9 +156,10 @@ struct LlamaAttentionImpl : torch::nn::Module {
     v_proj = register_module("v_proj", linear(s.n_embd, n_kv_head * head_dim, false, 0.02));
     o_proj = register_module("o_proj", linear(n_head * head_dim, s.n_embd, false, 0.02));
   }
-  /// `cos` and `sin` [B, T, head_dim] (float32) of each token's position; `allowed` [B, 1, T, T]:
-  /// which keys each query attends to.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_f32, const torch::Tensor& sin_f32, const torch::Tensor& allowed) {
+  /// `cos` and `sin` [B, T, head_dim] (float32) of each token's position; `mask` [B, 1, T, T], in
+  /// x's dtype: added to the attention scores, 0 where a query attends to a key and the dtype's
+  /// lowest value where it does not (Hugging Face's eager 4-d mask).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_f32, const torch::Tensor& sin_f32, const torch::Tensor& mask) {
     const std::int64_t B = x.size(0), T = x.size(1);
     auto heads = [&](const torch::Tensor& t, std::int64_t n) { return t.view({B, T, n, head_dim}).transpose(1, 2); };
     torch::Tensor q = heads(q_proj(x), n_head), k = heads(k_proj(x), n_kv_head), v = heads(v_proj(x), n_kv_head);
@@ -162,20 +173,9 @@ struct LlamaAttentionImpl : torch::nn::Module {
     };
     k = repeated(k);
     v = repeated(v);
-    torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim));
-    // The dtype's lowest finite value, as Hugging Face's mask: a row with no key (a padding query)
-    // gets uniform weights instead of NaN.
-    att = att.masked_fill(allowed.logical_not(), lowest(att.scalar_type()));
+    torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim)) + mask;
     att = att.softmax(-1, torch::kFloat).to(q.scalar_type());
     return o_proj(torch::matmul(att, v).transpose(1, 2).contiguous().reshape({B, T, n_head * head_dim}));
-  }
-  static double lowest(c10::ScalarType t) {
-    switch (t) {
-      case torch::kHalf: return -65504.0;
-      case torch::kBFloat16: return -3.38953139e38;
-      case torch::kDouble: return std::numeric_limits<double>::lowest();
-      default: return std::numeric_limits<float>::lowest();
-    }
   }
   std::int64_t n_head, n_kv_head, head_dim;
   double theta;
@@ -203,8 +203,8 @@ struct LlamaDecoderLayerImpl : torch::nn::Module {
     post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(s.n_embd, s.norm_eps));
     mlp = register_module("mlp", LlamaMlp(s));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& allowed) {
-    const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, allowed);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& mask) {
+    const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, mask);
     return h + mlp(post_attention_layernorm(h));
   }
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -244,7 +244,11 @@ struct LlamaModelImpl : torch::nn::Module {
       allowed = allowed.logical_and(sequence.view({B, 1, T, 1}).eq(sequence.view({B, 1, 1, T})));
     }
     torch::Tensor h = embed_tokens(ids);
-    for (const auto& layer : layers) h = layer->forward(h, cos, sin, allowed);
+    // The dtype's lowest finite value where attention is not allowed, as Hugging Face's mask: a
+    // row with no key (a padding query) gets uniform weights instead of NaN.
+    const torch::Tensor mask = torch::zeros(allowed.sizes(), h.options().requires_grad(false))
+                                   .masked_fill(allowed.logical_not(), lowest(h.scalar_type()));
+    for (const auto& layer : layers) h = layer->forward(h, cos, sin, mask);
     return norm(h);
   }
   std::int64_t head_dim;

@@ -163,6 +163,9 @@ class FlatUnit {
   PendingCollective prefetch_;                ///< prefetch()'s all-gather
   torch::Tensor prefetched_, prefetch_input_;  ///< its output and input, alive until it is waited for
   PendingCollective reduction_;                ///< start_reduction()'s reduce-scatter
+  /// whole_here(): shard().grad(), kept for take_gradients() to reuse once nothing else holds it.
+  /// Not when sharded, where the buffer take_gradients() fills is the whole unit's, not the shard's.
+  torch::Tensor spare_grad_;
   torch::Tensor reduced_;                      ///< its output: this rank's slice
 };
 
