@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Box arithmetic over chunk grids (pure, no I/O): a chunk is the box [offsets, offsets + sizes)
-// of its tensor. Shared by the DCP writer's checks, verify, and (later) merge and reshard plans.
+// of its tensor. Shared by the DCP writer's checks, verify, and assembling tensors for merge and reshard.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <utility>
@@ -58,22 +59,71 @@ inline std::uint64_t flat_index(std::span<const std::int64_t> point, std::span<c
   return idx;
 }
 
-/// Checks that `chunks` (anything with .offsets and .sizes, each inside the tensor) tile a tensor
-/// of `shape`, every element covered exactly once: calls `overlap(i, k)` for each pair of chunks
-/// that overlap, and `coverage(volume, numel)` once when their volumes do not add up to the
-/// tensor's (a hole, or overlap already reported). Calls neither for a sound tiling.
+/// Whether two boxes of the same rank share an element (intersect() without making the box).
+inline bool overlaps(std::span<const std::int64_t> a_off, std::span<const std::int64_t> a_size, std::span<const std::int64_t> b_off,
+                     std::span<const std::int64_t> b_size) noexcept {
+  for (std::size_t d = 0; d < a_off.size(); ++d) {
+    if (std::min(a_off[d] + a_size[d], b_off[d] + b_size[d]) <= std::max(a_off[d], b_off[d])) return false;
+  }
+  return true;
+}
+
+/// Checks that `chunks` tile a tensor of `shape`, every element covered exactly once. `chunks` is
+/// anything with size() and operator[] whose elements have .offsets and .sizes, each box inside
+/// the tensor. Calls `overlap(i, k)` (i < k) for chunks that overlap, at most once for each i, and
+/// `coverage(volume, numel)` once when the chunks' volumes do not add up to the tensor's (a hole,
+/// or an overlap already reported; `volume` std::nullopt: past 2^64). Calls neither for a sound
+/// tiling.
+///
+/// Overlaps are found by a sweep along one dimension: the chunks in order of their start there,
+/// each against those that start before it ends. The dimension is the one where that makes the
+/// fewest pairs (none for FSDP's dim-0 pieces or for tensor parallelism's dim-1 ones), so a real
+/// layout costs a sort per dimension, not every pair; and a chunk stops at its first overlap, so
+/// many copies of one box cost no more than as many distinct ones.
 template <typename Chunks, typename Overlap, typename Coverage>
 void tiling_problems(std::span<const std::int64_t> shape, const Chunks& chunks, Overlap&& overlap, Coverage&& coverage) {
+  const std::size_t n = chunks.size();
   std::uint64_t volume = 0;
-  const std::uint64_t numel = box_volume(shape);
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    volume += box_volume(chunks[i].sizes);
-    for (std::size_t k = i + 1; k < chunks.size() && !shape.empty(); ++k) {
-      if (intersect(chunks[i].offsets, chunks[i].sizes, chunks[k].offsets, chunks[k].sizes)) overlap(i, k);
+  bool past = false;
+  for (std::size_t i = 0; i < n; ++i) past = __builtin_add_overflow(volume, box_volume(chunks[i].sizes), &volume) || past;
+  if (!shape.empty() && n > 1) {
+    std::vector<std::int64_t> starts(n);
+    std::size_t sweep = 0;
+    std::uint64_t fewest = std::numeric_limits<std::uint64_t>::max();
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      for (std::size_t i = 0; i < n; ++i) starts[i] = chunks[i].offsets[d];
+      std::sort(starts.begin(), starts.end());
+      std::uint64_t pairs = 0;  // the chunks that start in each one's extent along d, itself included
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t b = chunks[i].offsets[d], e = b + chunks[i].sizes[d];
+        pairs += static_cast<std::uint64_t>(std::lower_bound(starts.begin(), starts.end(), e) - std::lower_bound(starts.begin(), starts.end(), b));
+      }
+      if (pairs < fewest) {
+        fewest = pairs;
+        sweep = d;
+      }
+    }
+    std::vector<std::size_t> order(n);
+    for (std::size_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+      const std::int64_t a = chunks[x].offsets[sweep], b = chunks[y].offsets[sweep];
+      return a != b ? a < b : x < y;
+    });
+    for (std::size_t a = 0; a < n; ++a) {
+      const auto& ci = chunks[order[a]];
+      const std::int64_t end = ci.offsets[sweep] + ci.sizes[sweep];
+      for (std::size_t b = a + 1; b < n && chunks[order[b]].offsets[sweep] < end; ++b) {
+        const auto& ck = chunks[order[b]];
+        if (!overlaps(ci.offsets, ci.sizes, ck.offsets, ck.sizes)) continue;
+        const auto [first, second] = std::minmax(order[a], order[b]);
+        overlap(first, second);
+        break;
+      }
     }
   }
-  const bool ok = shape.empty() ? chunks.size() == 1 : (volume == numel && (numel == 0 || !chunks.empty()));
-  if (!ok) coverage(volume, numel);
+  const std::uint64_t numel = box_volume(shape);
+  const bool ok = shape.empty() ? n == 1 : (!past && volume == numel && (numel == 0 || n > 0));
+  if (!ok) coverage(past ? std::nullopt : std::optional<std::uint64_t>(volume), numel);
 }
 
 /// The boxes that elements [begin, end) of a tensor of `shape`, flattened in C order, make up, in

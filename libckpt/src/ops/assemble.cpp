@@ -121,10 +121,10 @@ void add_box_tasks(std::vector<CopyTask>& tasks, const ChunkReader& reader, cons
                     "chunks of '" + t.name + "' at " + shape_text(pieces[i].chunk->offsets) + " and " +
                         shape_text(pieces[k].chunk->offsets) + " overlap");
       },
-      [&](std::uint64_t covered, std::uint64_t numel) {
+      [&](std::optional<std::uint64_t> covered, std::uint64_t numel) {
         throw Error(ErrorKind::kFormat, reader.checkpoint().root.string(), std::nullopt,
-                    "chunks of '" + t.name + "' cover " + std::to_string(covered) + " of the " + std::to_string(numel) +
-                        " elements to write" + (covered < numel ? " (a hole)" : ""));
+                    "chunks of '" + t.name + "' cover " + (covered ? std::to_string(*covered) : std::string("more than 2^64")) + " of the " +
+                        std::to_string(numel) + " elements to write" + (covered && *covered < numel ? " (a hole)" : ""));
       });
 
   // Fast path: every overlap a contiguous run in the box and in its chunk's stored elements.

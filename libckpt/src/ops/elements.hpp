@@ -6,8 +6,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "ckpt/checkpoint.hpp"
@@ -92,6 +94,20 @@ inline long double integer_value(DType d, const std::byte* p) {
     case DType::kUInt64: return static_cast<long double>(load(std::uint64_t{}));
     default: return to_double(d, p);  // the rest are exact in a double
   }
+}
+
+/// An integer_value as text, every digit.
+inline std::string integer_text(long double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0Lf", v);
+  return buf;
+}
+
+/// An integer_value as a JSON integer of type Json (nlohmann's): int64 when negative, uint64
+/// otherwise, so that every value of both keeps its digits.
+template <typename Json>
+Json integer_json(long double v) {
+  return v < 0 ? Json(static_cast<std::int64_t>(v)) : Json(static_cast<std::uint64_t>(v));
 }
 
 /// Calls fn(index, element) for every element of the chunk, `index` counting in C order within

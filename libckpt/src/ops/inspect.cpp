@@ -126,11 +126,7 @@ std::string element_text(DType dtype, const std::byte* p) {
     default:
       break;
   }
-  if (detail::is_integral(dtype)) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.0Lf", detail::integer_value(dtype, p));
-    return buf;
-  }
+  if (detail::is_integral(dtype)) return detail::integer_text(detail::integer_value(dtype, p));
   std::string hex = "0x";
   for (std::size_t i = element_size(dtype); i-- > 0;) {  // little-endian: the high byte first
     char b[4];
@@ -143,10 +139,7 @@ std::string element_text(DType dtype, const std::byte* p) {
 // The same as JSON: numbers where JSON has them (nan and inf as strings), true/false, text else.
 ordered_json element_json(DType dtype, const std::byte* p) {
   if (dtype == DType::kBool) return static_cast<bool>(p[0]);
-  if (detail::is_integral(dtype)) {
-    const long double v = detail::integer_value(dtype, p);
-    return v < 0 ? ordered_json(static_cast<std::int64_t>(v)) : ordered_json(static_cast<std::uint64_t>(v));
-  }
+  if (detail::is_integral(dtype)) return detail::integer_json<ordered_json>(detail::integer_value(dtype, p));
   if (detail::is_numeric(dtype)) {
     const double v = detail::to_double(dtype, p);
     if (std::isfinite(v)) return v;

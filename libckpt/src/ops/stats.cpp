@@ -61,19 +61,16 @@ struct TensorStats {
 std::string num(long double x, bool integral = false) {
   if (std::isnan(x)) return "nan";
   if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (integral) return detail::integer_text(x);
   char buf[48];
-  if (integral) {
-    std::snprintf(buf, sizeof buf, "%.0Lf", x);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.6g", static_cast<double>(x));
-  }
+  std::snprintf(buf, sizeof buf, "%.6g", static_cast<double>(x));
   return buf;
 }
 /// `x` for JSON: an integer as a JSON integer (exactly, int64 or uint64), a float as a number,
 /// nan and inf as null.
 nlohmann::ordered_json jnum(long double x, bool integral = false) {
   if (!std::isfinite(x)) return nullptr;
-  if (integral) return x < 0 ? nlohmann::ordered_json(static_cast<std::int64_t>(x)) : nlohmann::ordered_json(static_cast<std::uint64_t>(x));
+  if (integral) return detail::integer_json<nlohmann::ordered_json>(x);
   return static_cast<double>(x);
 }
 

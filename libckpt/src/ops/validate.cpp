@@ -53,38 +53,19 @@ void index_problems(const Checkpoint& c, const std::function<void(VerifyProblem)
                    (numel ? ", whose byte count does not fit 63 bits" : ", whose element count is negative or does not fit 63 bits")});
       continue;  // its chunks cannot be checked against it
     }
-    // Coverage: every element exactly once. Boxes lie inside the tensor (checked on open), so a
-    // chunk's count is at most the tensor's; their sum is checked as it grows.
-    std::uint64_t volume = 0;
-    bool overflow = false;
-    for (const Chunk& ch : t.chunks) {
-      const std::optional<std::uint64_t> v = checked_numel(ch.sizes);
-      overflow = overflow || !v || __builtin_add_overflow(volume, *v, &volume);
-    }
-    // Overlaps: chunks in order of their dim-0 start, each against those that start before it
-    // ends there (FSDP's dim-0 pieces meet none, so this is a sort, not every pair).
-    if (!t.shape.empty()) {
-      std::vector<std::size_t> order(t.chunks.size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return t.chunks[x].offsets[0] < t.chunks[y].offsets[0]; });
-      for (std::size_t a = 0; a < order.size(); ++a) {
-        const Chunk& ci = t.chunks[order[a]];
-        for (std::size_t b = a + 1; b < order.size() && t.chunks[order[b]].offsets[0] - ci.offsets[0] < ci.sizes[0]; ++b) {
-          const Chunk& ck = t.chunks[order[b]];
-          if (!intersect(ci.offsets, ci.sizes, ck.offsets, ck.sizes)) continue;
-          const auto [first, second] = std::minmax(order[a], order[b]);
+    // Every element exactly once. Boxes lie inside the tensor (checked on open).
+    tiling_problems(
+        t.shape, t.chunks,
+        [&](std::size_t i, std::size_t k) {
           problem({root, std::nullopt,
-                   "chunks of '" + t.name + "' at " + detail::shape_text(t.chunks[first].offsets) + " and " +
-                       detail::shape_text(t.chunks[second].offsets) + " overlap"});
-        }
-      }
-    }
-    const bool ok = t.shape.empty() ? t.chunks.size() == 1 : (!overflow && volume == *numel && (*numel == 0 || !t.chunks.empty()));
-    if (!ok) {
-      problem({root, std::nullopt,
-               "chunks of '" + t.name + "' cover " + (overflow ? std::string("more than 2^63") : std::to_string(volume)) + " of its " +
-                   std::to_string(*numel) + " elements" + (!overflow && volume < *numel ? " (a hole)" : "")});
-    }
+                   "chunks of '" + t.name + "' at " + detail::shape_text(t.chunks[i].offsets) + " and " +
+                       detail::shape_text(t.chunks[k].offsets) + " overlap"});
+        },
+        [&](std::optional<std::uint64_t> volume, std::uint64_t n) {
+          problem({root, std::nullopt,
+                   "chunks of '" + t.name + "' cover " + (volume ? std::to_string(*volume) : std::string("more than 2^64")) + " of its " +
+                       std::to_string(n) + " elements" + (volume && *volume < n ? " (a hole)" : "")});
+        });
     for (const Chunk& ch : t.chunks) {
       if (!ch.location) {
         problem({root, std::nullopt, "chunk of '" + t.name + "' at " + detail::shape_text(ch.offsets) + " has no storage_data entry"});

@@ -33,7 +33,7 @@ TEST_CASE("contiguous runs and tiling checks", "[ckpt][sharding]") {
   };
   auto problems = [](const std::vector<std::int64_t>& shape, const std::vector<B>& chunks) {
     int overlaps = 0, coverage = 0;
-    ckpt::tiling_problems(shape, chunks, [&](std::size_t, std::size_t) { ++overlaps; }, [&](std::uint64_t, std::uint64_t) { ++coverage; });
+    ckpt::tiling_problems(shape, chunks, [&](std::size_t, std::size_t) { ++overlaps; }, [&](std::optional<std::uint64_t>, std::uint64_t) { ++coverage; });
     return std::pair{overlaps, coverage};
   };
   CHECK(problems({10, 4}, {{{0, 0}, {5, 4}}, {{5, 0}, {5, 4}}}) == std::pair{0, 0});
@@ -42,6 +42,22 @@ TEST_CASE("contiguous runs and tiling checks", "[ckpt][sharding]") {
   CHECK(problems({}, {{{}, {}}}) == std::pair{0, 0});
   CHECK(problems({0, 4}, {}) == std::pair{0, 0});  // nothing to cover
   CHECK(problems({2}, {}) == std::pair{0, 1});
+  // Tensor parallelism's dim-1 pieces and a 2-d grid: sound, whichever dimension is swept.
+  CHECK(problems({10, 4}, {{{0, 0}, {10, 1}}, {{0, 1}, {10, 1}}, {{0, 2}, {10, 2}}}) == std::pair{0, 0});
+  CHECK(problems({4, 6}, {{{0, 0}, {2, 3}}, {{0, 3}, {2, 3}}, {{2, 0}, {2, 3}}, {{2, 3}, {2, 3}}}) == std::pair{0, 0});
+  CHECK(problems({10, 4}, {{{0, 0}, {10, 2}}, {{0, 1}, {10, 1}}, {{0, 2}, {10, 2}}}) == std::pair{1, 1});  // dim-1 overlap
+  // Three copies of one box: each reported with the next, once.
+  std::vector<std::pair<std::size_t, std::size_t>> pairs;
+  ckpt::tiling_problems(
+      D{4}, std::vector<B>{{{0}, {4}}, {{0}, {4}}, {{0}, {4}}}, [&](std::size_t i, std::size_t k) { pairs.emplace_back(i, k); },
+      [](std::optional<std::uint64_t>, std::uint64_t) {});
+  CHECK(pairs == std::vector<std::pair<std::size_t, std::size_t>>{{0, 1}, {1, 2}});
+  // Volumes past 2^64 in all are reported as such, not wrapped round to a sum that fits.
+  std::optional<std::uint64_t> reported = 0;
+  const std::int64_t big = std::int64_t{1} << 62;
+  ckpt::tiling_problems(
+      D{big}, std::vector<B>(5, B{{0}, {big}}), [](std::size_t, std::size_t) {}, [&](std::optional<std::uint64_t> v, std::uint64_t) { reported = v; });
+  CHECK_FALSE(reported.has_value());
 }
 
 TEST_CASE("Dims keeps two values inline and more on the heap", "[ckpt][sharding]") {

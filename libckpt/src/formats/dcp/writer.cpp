@@ -377,10 +377,8 @@ void validate_dcp_plan(const DcpPlan& plan) {
   names.reserve(plan.tensors.size() + plan.objects.size());
   for (const DcpPlanTensor& t : plan.tensors) {
     const auto bad = [&](const std::string& m) { throw Error(ErrorKind::kInvalidArgument, "tensor '" + std::string(t.fqn) + "': " + m); };
-    std::uint64_t numel = 1, volume = 0;
     for (auto d : t.shape) {
       if (d < 0) bad("negative dimension");
-      numel *= static_cast<std::uint64_t>(d);
     }
     if (t.chunk_count == 0) bad("no chunks");
     for (std::size_t i = 0; i < t.chunk_count; ++i) {
@@ -389,13 +387,20 @@ void validate_dcp_plan(const DcpPlan& plan) {
       for (std::size_t d = 0; d < t.shape.size(); ++d) {
         if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > t.shape[d]) bad("chunk passes the tensor's bounds");
       }
-      volume += box_volume(c.sizes);
-      for (std::size_t k = 0; k < i && !t.shape.empty(); ++k) {
-        const DcpPlanChunk o = plan.chunks.get(t, k);
-        if (intersect(c.offsets, c.sizes, o.offsets, o.sizes)) bad("chunks overlap");
-      }
     }
-    if (!t.shape.empty() && volume != numel) bad("chunks cover " + std::to_string(volume) + " of " + std::to_string(numel) + " elements");
+    struct TensorChunks {  // the tensor's chunks as tiling_problems takes them
+      const DcpPlan& plan;
+      const DcpPlanTensor& t;
+      std::size_t size() const { return t.chunk_count; }
+      DcpPlanChunk operator[](std::size_t i) const { return plan.chunks.get(t, i); }
+    };
+    if (!t.shape.empty()) {
+      tiling_problems(
+          t.shape, TensorChunks{plan, t}, [&](std::size_t, std::size_t) { bad("chunks overlap"); },
+          [&](std::optional<std::uint64_t> volume, std::uint64_t numel) {
+            bad("chunks cover " + (volume ? std::to_string(*volume) : std::string("more than 2^64")) + " of " + std::to_string(numel) + " elements");
+          });
+    }
     names.push_back(t.fqn);
   }
   for (const DcpPlanObject& o : plan.objects) {
