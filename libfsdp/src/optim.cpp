@@ -36,18 +36,23 @@ std::vector<const FlatUnit::Param*> model_params(const ShardedModel& model) {
 
 bool trainable(const FlatUnit::Param& p) { return p.tensor.requires_grad(); }
 
-// The sum of |g|^p over a flat gradient (p infinite: the largest |g|), as a float64 tensor of one
-// element. LibTorch's CPU norm accumulates a whole tensor in its own dtype, which over millions of
-// float32 elements loses digits; so each row of kRow elements is normed on its own (in float32 at
-// least) and the rows' powers summed in float64. One pass over the gradient, no copy of it.
+// The sum of |g|^p over a flat gradient (p infinite: the largest |g|, exact in any dtype), as a
+// float64 tensor of one element. In float64, so that the clip coefficient does not depend on how
+// the model is split into units (a float32 sum differs with the order of its terms, and a
+// coefficient one rounding apart changes the step): a block at a time through one float64 buffer
+// that stays in cache, where a float64 copy of the whole gradient would cost a pass over twice its
+// bytes.
 torch::Tensor power_sum(const torch::Tensor& g, double p) {
-  const c10::optional<c10::ScalarType> acc = g.element_size() < 4 ? c10::optional<c10::ScalarType>(torch::kFloat) : c10::nullopt;
-  if (std::isinf(p)) return at::linalg_vector_norm(g, p, c10::nullopt, false, acc).to(torch::kFloat64).reshape({1});
-  constexpr std::int64_t kRow = 4096;
-  const std::int64_t whole = g.numel() / kRow * kRow;
-  const torch::Tensor rows = at::linalg_vector_norm(g.narrow(0, 0, whole).view({-1, kRow}), p, std::vector<std::int64_t>{1}, false, acc);
-  const torch::Tensor tail = at::linalg_vector_norm(g.narrow(0, whole, g.numel() - whole), p, c10::nullopt, false, acc);
-  return torch::cat({rows, tail.reshape({1})}).to(torch::kFloat64).pow_(p).sum().reshape({1});
+  if (std::isinf(p)) return at::linalg_vector_norm(g, p).to(torch::kFloat64).reshape({1});
+  constexpr std::int64_t kBlock = std::int64_t{1} << 16;
+  const std::int64_t n = g.numel();
+  torch::Tensor sum = torch::zeros({1}, g.options().dtype(torch::kFloat64));
+  torch::Tensor buffer = torch::empty({std::min(kBlock, n)}, sum.options());
+  for (std::int64_t at = 0; at < n; at += kBlock) {
+    torch::Tensor b = buffer.narrow(0, 0, std::min(kBlock, n - at)).copy_(g.narrow(0, at, std::min(kBlock, n - at)));
+    sum += p == 2.0 ? at::dot(b, b) : b.abs_().pow_(p).sum();
+  }
+  return sum;
 }
 
 }  // namespace
