@@ -52,6 +52,12 @@ void LambdaLR::step() {
   optimizer_.set_lrs(last_lr_);
 }
 
+void LambdaLR::go_to(std::int64_t epoch) {
+  last_epoch_ = epoch - 1;
+  step_count_ = epoch;
+  step();
+}
+
 pk::ValuePtr LambdaLR::state_dict() const {
   std::vector<pk::ValuePtr> lambdas(base_lrs_.size(), pk::make_none());
   return pk::make_dict({{pk::make_str("base_lrs"), floats(base_lrs_)},

@@ -325,6 +325,10 @@ int rank_main() {
     EXPECT(schedule2.last_epoch() == 2 && schedule2.get_last_lr() == schedule.get_last_lr() && opt2.lr() == opt.lr());
     schedule2.step();
     EXPECT(opt2.lr() == opt.options().lr * 0.125);
+    // A schedule without saved state goes on from a step as if it had been followed.
+    fsdp::LambdaLR schedule3(opt2, halving);
+    schedule3.go_to(3);
+    EXPECT(schedule3.last_epoch() == 3 && opt2.lr() == opt.options().lr * 0.125 && pk::repr(*schedule3.state_dict()) == pk::repr(*schedule2.state_dict()));
     EXPECT(same_parameters(m, m2));
     EXPECT(opt2.steps() == 2 && opt2.buffer(0, "exp_avg_sq").equal(opt.buffer(0, "exp_avg_sq")));
     EXPECT(std::get<pk::ValuePtr>(st["step"])->int64() == 2);

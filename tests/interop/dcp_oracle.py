@@ -100,15 +100,8 @@ def python_read(torch, path):
 
 def load_113(torch, path):
     """PyTorch 1.13's own merge: load_state_dict(no_dist=True) into full, zeroed tensors."""
-    from torch.distributed._shard.checkpoint import FileSystemReader, load_state_dict
-    from torch.distributed._shard.checkpoint.metadata import TensorStorageMetadata
-    reader = FileSystemReader(path)
-    md = reader.read_metadata()
-    sd = {}
-    for fqn, e in md.state_dict_metadata.items():
-        sd[fqn] = torch.zeros(tuple(e.size), dtype=e.properties.dtype) if isinstance(e, TensorStorageMetadata) else None
-    load_state_dict(sd, reader, no_dist=True)
-    return sd
+    from torch.distributed._shard.checkpoint import FileSystemReader
+    return _load_113_by(torch, path, FileSystemReader(path).read_metadata())
 
 
 def load_113_of_2x(torch, path):
@@ -116,32 +109,39 @@ def load_113_of_2x(torch, path):
     .metadata (read through the 2.x stand-ins) rebuilt field by field in 1.13's classes, then read
     by 1.13's FileSystemReader and default planner, whose _create_read_items takes the overlap of
     each saved chunk with each tensor asked for. Uncompressed items only."""
-    from torch.distributed._shard.checkpoint import FileSystemReader, load_state_dict
     from torch.distributed._shard.checkpoint import metadata as m
     from torch.distributed._shard.checkpoint.filesystem import _StorageInfo
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
     meta = pickle.load(open(os.path.join(path, ".metadata"), "rb"))
-    entries, sd = {}, {}
+    entries = {}
     for fqn, e in meta.state_dict_metadata.items():
         if type(e).__name__ == "BytesStorageMetadata":
-            entries[fqn], sd[fqn] = m.BytesStorageMetadata(), None
+            entries[fqn] = m.BytesStorageMetadata()
             continue
         props = e.properties
         dtype = props.dtype if hasattr(props, "dtype") else props.state_tuple[0]
         chunks = [m.ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in e.chunks]
         entries[fqn] = m.TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(e.size), chunks)
-        sd[fqn] = torch.zeros(tuple(e.size), dtype=dtype)
     storage = {}
     for k, v in meta.storage_data.items():
         assert not getattr(v, "transform_descriptors", None), f"{k.fqn}: a transformed item"
         offset = getattr(k, "offset", None)
         storage[m.MetadataIndex(k.fqn, None if offset is None else list(offset), k.index)] = \
             _StorageInfo(v.relative_path, v.offset, v.length)
-    converted = m.Metadata(state_dict_metadata=entries, storage_data=storage)
+    return _load_113_by(torch, path, m.Metadata(state_dict_metadata=entries, storage_data=storage))
+
+
+def _load_113_by(torch, path, metadata):
+    """1.13's load_state_dict(no_dist=True) of the directory `path` as `metadata` (1.13's classes)
+    describes it, into full, zeroed tensors (None for a bytes entry)."""
+    from torch.distributed._shard.checkpoint import FileSystemReader, load_state_dict
+    from torch.distributed._shard.checkpoint.metadata import TensorStorageMetadata
 
     class Reader(FileSystemReader):
         def read_metadata(self):
-            return converted
+            return metadata
+    sd = {fqn: torch.zeros(tuple(e.size), dtype=e.properties.dtype) if isinstance(e, TensorStorageMetadata) else None
+          for fqn, e in metadata.state_dict_metadata.items()}
     load_state_dict(sd, Reader(path), no_dist=True)
     return sd
 

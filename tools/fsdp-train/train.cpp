@@ -699,8 +699,7 @@ class Trainer {
     if (const pk::ValuePtr saved = pk::dict_value(meta.get(), "scheduler")) {
       schedule_.load_state_dict(saved);
     } else {
-      schedule_.load_state_dict(pk::make_dict({{pk::make_str("last_epoch"), pk::make_int(step - 1)}}));
-      schedule_.step();
+      schedule_.go_to(step);
     }
     if (fsdp::ShardedGradScaler* scaler = strategy_.grad_scaler(opt_)) {
       const pk::Value* saved = pk::dict_value(meta.get(), "grad_scaler").get();

@@ -32,6 +32,10 @@ class LambdaLR final : public Stateful {
   LambdaLR(ShardedOptimizer& optimizer, std::function<double(std::int64_t epoch)> factor);
 
   void step();
+  /// Epoch `epoch`, as if step() had been called until then: the schedule of a run resumed from a
+  /// checkpoint that saved none (torch's LambdaLR made with last_epoch = epoch - 1). Sets each
+  /// group's lr to its base lr times factor(epoch).
+  void go_to(std::int64_t epoch);
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
   /// Each group's lr as this schedule last set it (get_last_lr()).
   const std::vector<double>& get_last_lr() const noexcept { return last_lr_; }
